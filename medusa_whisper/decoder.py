@@ -1,0 +1,144 @@
+"""The text decoder's forward pass with explicit positions, cache slots and attention mask.
+
+Differs from whisper: ``whisper.model.TextDecoder.forward`` reads its position offset from a hook
+cache and, with SDPA and more than one query token, uses ``is_causal=True``, which PyTorch aligns
+to the upper-left corner: wrong when the queries come after cached keys. Verifying several
+speculated tokens in one pass needs the lower-right (or, for a tree, an arbitrary) mask, so this
+module re-implements the forward as plain functions over whisper's own modules and weights. The
+whisper modules themselves are untouched, so ``whisper.decode`` on the same model stays vanilla.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from whisper.model import MultiHeadAttention, ResidualAttentionBlock, TextDecoder
+
+from .heads import MedusaHeads
+from .kv_cache import CrossKV, StaticKVCache
+
+
+@dataclass
+class DecoderCache:
+    """Everything the decoder keeps between passes for one batch of audio."""
+
+    self_attn: StaticKVCache
+    cross_attn: CrossKV
+    # the Medusa block's own caches (``block`` heads only); rolled back together with self_attn
+    block_self_attn: Optional[StaticKVCache] = None
+    block_cross_attn: Optional[CrossKV] = None
+
+    @property
+    def length(self) -> int:
+        return self.self_attn.length
+
+    def rollback(self, length: int) -> None:
+        self.self_attn.rollback(length)
+        if self.block_self_attn is not None:
+            self.block_self_attn.rollback(length)
+
+
+def new_cache(decoder: TextDecoder, heads: Optional[MedusaHeads], audio_features: Tensor) -> DecoderCache:
+    """Allocate the self-attention buffers and compute the cross-attention keys/values once.
+
+    audio_features : shape = (batch, n_audio_ctx, n_audio_state)
+    """
+    batch = audio_features.shape[0]
+    n_ctx, n_state = decoder.positional_embedding.shape
+    dtype, device = audio_features.dtype, audio_features.device
+    cache = DecoderCache(
+        self_attn=StaticKVCache(len(decoder.blocks), batch, n_ctx, n_state, dtype, device),
+        cross_attn=CrossKV(decoder.blocks, audio_features),
+    )
+    if heads is not None and heads.block is not None:
+        cache.block_self_attn = StaticKVCache(1, batch, n_ctx, n_state, dtype, device)
+        cache.block_cross_attn = CrossKV([heads.block], audio_features)
+    return cache
+
+
+def chain_mask(start: int, n: int, device) -> Optional[Tensor]:
+    """Boolean mask (n, start+n) letting query i see slots [0, start+i]; None when n == 1."""
+    if n == 1:
+        return None  # a single query sees every written slot
+    return torch.ones(n, start + n, dtype=torch.bool, device=device).tril(diagonal=start)
+
+
+def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """Multi-head attention of queries from x over given keys and values.
+
+    x    : shape = (batch, n_query, n_state), already layer-normed
+    k, v : shape = (batch, n_key, n_state), already projected
+    mask : shape = (n_query, n_key) bool, True where attention is allowed; or None
+    """
+    q = attn.query(x)
+    batch, n_query, n_state = q.shape
+    n_head = attn.n_head
+    q = q.view(batch, n_query, n_head, -1).transpose(1, 2)  # (B, H, n_query, d_head)
+    k = k.view(batch, k.shape[1], n_head, -1).transpose(1, 2)  # (B, H, n_key, d_head)
+    v = v.view(batch, v.shape[1], n_head, -1).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, n_query, d_head)
+    return attn.out(out.transpose(1, 2).reshape(batch, n_query, n_state))
+
+
+def block_forward(
+    block: ResidualAttentionBlock,
+    x: Tensor,
+    cache: StaticKVCache,
+    layer: int,
+    start: int,
+    cross_k: Tensor,
+    cross_v: Tensor,
+    mask: Optional[Tensor],
+) -> Tensor:
+    """One residual attention block; writes this pass's keys/values at slots [start, start+n)."""
+    h = block.attn_ln(x)
+    k, v = cache.write(layer, start, block.attn.key(h), block.attn.value(h))
+    x = x + attend(block.attn, h, k, v, mask)
+    x = x + attend(block.cross_attn, block.cross_attn_ln(x), cross_k, cross_v, None)
+    return x + block.mlp(block.mlp_ln(x))
+
+
+def decoder_hidden(
+    decoder: TextDecoder,
+    tokens: Tensor,
+    positions: Tensor,
+    cache: DecoderCache,
+    start: int,
+    mask: Optional[Tensor],
+) -> Tensor:
+    """Run the text decoder over new tokens and return its post-LayerNorm states.
+
+    tokens    : shape = (batch, n), the tokens not yet in the cache
+    positions : shape = (n,), their positions in the sequence (for the positional embedding)
+    start     : the cache slot where the first of them is written (== positions[0] for a chain)
+    mask      : shape = (n, start + n) bool, or None for a single token
+    returns   : shape = (batch, n, n_state)
+    """
+    x = decoder.token_embedding(tokens) + decoder.positional_embedding[positions]
+    x = x.to(cache.cross_attn.keys[0].dtype)
+    for i, block in enumerate(decoder.blocks):
+        x = block_forward(
+            block, x, cache.self_attn, i, start, cache.cross_attn.keys[i], cache.cross_attn.values[i], mask
+        )
+    return decoder.ln(x)
+
+
+def medusa_block_hidden(
+    heads: MedusaHeads, hidden: Tensor, cache: DecoderCache, start: int, mask: Optional[Tensor]
+) -> Tensor:
+    """The Medusa block over the same new positions; no LayerNorm after it (as in the reference)."""
+    assert heads.block is not None and cache.block_self_attn is not None
+    cross = cache.block_cross_attn
+    return block_forward(heads.block, hidden, cache.block_self_attn, 0, start, cross.keys[0], cross.values[0], mask)
+
+
+def project(decoder: TextDecoder, states: Tensor) -> Tensor:
+    """Vocabulary logits through the tied token embedding, in fp32 as whisper returns them.
+
+    states : shape = (..., n_state) -> (..., n_vocab)
+    """
+    return (states @ decoder.token_embedding.weight.to(states.dtype).T).float()

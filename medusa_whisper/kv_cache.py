@@ -1,0 +1,73 @@
+"""A static key/value cache for the text decoder, with rollback.
+
+Differs from whisper: openai-whisper keeps its cache in forward hooks that grow by ``torch.cat`` and
+infers the position from the cache length, so rejected tokens cannot be taken back. Here buffers
+are allocated once for ``n_text_ctx`` slots and written at explicit slots; ``length`` counts the
+committed slots. Rejecting speculated tokens is a length reset (chain) or a compaction of the kept
+slots to the front (tree). Slots at or beyond ``length`` are stale: they are overwritten by the next
+write and never attended to, because attention reads only ``[:end]`` of what was written.
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+from torch import Tensor
+
+
+class StaticKVCache:
+    """Self-attention keys and values of ``n_layer`` layers.
+
+    keys, values : shape = (n_layer, batch, n_ctx, n_state)
+    """
+
+    def __init__(self, n_layer: int, batch: int, n_ctx: int, n_state: int, dtype: torch.dtype, device):
+        # empty, not zeros: a slot is always written before it is read
+        self.keys = torch.empty(n_layer, batch, n_ctx, n_state, dtype=dtype, device=device)
+        self.values = torch.empty_like(self.keys)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+        """Store k, v (batch, n, n_state) at slots [start, start+n); return all slots [0, start+n)."""
+        end = start + k.shape[1]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache overflow: {end} > {self.capacity} slots")
+        self.keys[layer, :, start:end] = k
+        self.values[layer, :, start:end] = v
+        return self.keys[layer, :, :end], self.values[layer, :, :end]
+
+    def rollback(self, length: int) -> None:
+        """Keep slots [0, length): the chain case, where accepted tokens form a prefix."""
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"cannot roll back to {length} slots (capacity {self.capacity})")
+        self.length = length
+
+    def compact(self, keep: List[int], start: int) -> None:
+        """Move the slots in ``keep`` (ascending, all >= start) to [start, start+len(keep)).
+
+        The tree case: accepted tokens are scattered among the speculated slots. Afterwards
+        ``length == start + len(keep)``.
+        """
+        if keep:
+            src = torch.tensor(keep, device=self.keys.device)
+            dst = slice(start, start + len(keep))
+            # index_select copies first, so overlapping source and destination are safe
+            self.keys[:, :, dst] = self.keys.index_select(2, src)
+            self.values[:, :, dst] = self.values.index_select(2, src)
+        self.length = start + len(keep)
+
+
+class CrossKV:
+    """Cross-attention keys and values, computed once per audio from the encoder output.
+
+    keys[i], values[i] : shape = (batch, n_audio_ctx, n_state)
+    """
+
+    def __init__(self, blocks, audio_features: Tensor):
+        self.keys: List[Tensor] = [b.cross_attn.key(audio_features) for b in blocks]
+        self.values: List[Tensor] = [b.cross_attn.value(audio_features) for b in blocks]

