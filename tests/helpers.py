@@ -1,0 +1,31 @@
+"""Shared builders for tests: small random models and real-weight models with heads."""
+
+import torch
+from whisper.model import ModelDimensions
+
+from medusa_whisper import MedusaConfig, MedusaWhisper
+
+# tiny's shape with a 4-layer decoder; random weights, so no download and fast to build
+TINY_DIMS = ModelDimensions(n_mels=80, n_audio_ctx=1500, n_audio_state=384, n_audio_head=6, n_audio_layer=4,
+                            n_vocab=51864, n_text_ctx=448, n_text_state=384, n_text_head=6, n_text_layer=4)
+
+
+def randomize_heads(model: MedusaWhisper, std: float = 0.05, seed: int = 0) -> MedusaWhisper:
+    """Give the heads random weights: their candidates are then mostly wrong, forcing rejections."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.medusa.stacks.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * std)
+    return model
+
+
+def random_model(config: MedusaConfig, seed: int = 0) -> MedusaWhisper:
+    torch.manual_seed(seed)
+    return MedusaWhisper(TINY_DIMS, config).eval()
+
+
+def with_heads(base: MedusaWhisper, config: MedusaConfig) -> MedusaWhisper:
+    """A copy of a loaded base model with fresh (identity) heads of the given configuration."""
+    model = MedusaWhisper(base.dims, config)
+    model.load_whisper_state_dict(base.state_dict())
+    return model.to(base.device).eval()
