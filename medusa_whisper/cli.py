@@ -1,0 +1,252 @@
+"""``medusa-whisper``: transcribe files, convert weights, list models.
+
+A mistake of the user's (a bad file, an unknown model, no network) is one line on stderr,
+``medusa-whisper: error: <message>``, and a non-zero exit; in a batch, the other files go on.
+Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from tqdm import tqdm
+
+from .decoding import MODES
+from .errors import MedusaWhisperError
+
+PROG = "medusa-whisper"
+# result["medusa"] entries copied into each file's JSON output
+STAT_FIELDS = ("tokens", "decoder_steps", "tokens_per_step", "encode_seconds", "decode_seconds")
+
+
+def _error(message: object) -> None:
+    _write(f"{PROG}: error: {message}", sys.stderr)
+
+
+def _write(line: str, file) -> None:
+    tqdm.write(line, file=file)  # keeps a progress bar on the terminal intact
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _language(text: str) -> str:
+    from whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
+
+    code = text.lower()
+    code = TO_LANGUAGE_CODE.get(code, code)  # "English" -> "en"
+    if code not in LANGUAGES:
+        raise argparse.ArgumentTypeError(f"unknown language {text!r}; use a code such as en, de, fr")
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog=PROG, description="Whisper transcription with Medusa "
+                                     "multi-token decoding.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(title="commands", dest="command", required=True)
+
+    t = commands.add_parser("transcribe", help="transcribe audio files",
+                            description="Transcribe audio files; the text goes to stdout.")
+    t.add_argument("audio", nargs="+", metavar="AUDIO", help="audio files (wav, flac, ogg, mp3; "
+                   "others through ffmpeg)")
+    t.add_argument("--model", default=None, metavar="NAME|PATH",
+                   help="model name (see `medusa-whisper models`) or checkpoint path; "
+                        "default: medusa_whisper.DEFAULT_MODEL")
+    t.add_argument("--mode", choices=MODES, default="lossless",
+                   help="lossless: same text as greedy decoding; typical: accept plausible "
+                        "candidates too; off: no Medusa heads (default: lossless)")
+    t.add_argument("--language", type=_language, default=None, metavar="LANG",
+                   help="spoken language, e.g. en (default: detected)")
+    t.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="default: cuda when available")
+    t.add_argument("--output-format", choices=("txt", "json"), default="txt",
+                   help="format of the files written to --output-dir (default: txt)")
+    t.add_argument("--output-dir", type=Path, default=None, metavar="DIR",
+                   help="also write <stem>.txt or <stem>.json here for each file")
+    t.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                   help="CPU threads for torch")
+    t.set_defaults(run=_transcribe)
+
+    c = commands.add_parser("convert", help="convert weights into a whisper .pt checkpoint",
+                            description="Convert a CTranslate2 Whisper directory or an openai-whisper "
+                                        ".pt checkpoint into a .pt file that --model accepts.")
+    c.add_argument("src", metavar="SRC", help="CTranslate2 model directory or openai-whisper .pt")
+    c.add_argument("out", metavar="OUT.pt", help="checkpoint file to write")
+    c.set_defaults(run=_convert)
+
+    m = commands.add_parser("models", help="list known models and whether they are present",
+                            description="List the model names --model accepts.")
+    m.set_defaults(run=_models)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: 0 after --help or --version, 2 for a usage error
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        return args.run(args)
+    except MedusaWhisperError as e:
+        _error(e)
+        return 1
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+
+
+# ---------------------------------------------------------------- transcribe
+
+
+def _transcribe(args: argparse.Namespace) -> int:
+    import torch
+
+    import medusa_whisper
+    from .audio import check_audio_path
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        _error("--device cuda: CUDA is not available on this machine")
+        return 1
+    clash = _output_clash(args.audio, "." + args.output_format) if args.output_dir is not None else None
+    if clash:
+        _error(clash)
+        return 2
+
+    # Files that cannot be opened fail before the model is loaded (which may take a while or
+    # need a download); decoding waits for each file's turn, so a long batch is never all in memory.
+    paths, failed = [], 0
+    for path in args.audio:
+        try:
+            check_audio_path(path)
+            paths.append(path)
+        except MedusaWhisperError as e:
+            _error(e)
+            failed += 1
+    if not paths:
+        return 1
+
+    if args.output_dir is not None:
+        try:
+            args.output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            _error(f"{args.output_dir}: cannot create output folder ({e.strerror or e})")
+            return 1
+    model = medusa_whisper.load_model(args.model or medusa_whisper.DEFAULT_MODEL, device=args.device)
+
+    progress = tqdm(paths, unit="file", file=sys.stderr, disable=len(paths) < 2 or not sys.stderr.isatty())
+    for path in progress:
+        failed += not _transcribe_file(model, path, args, show_path=len(args.audio) > 1)
+    return 1 if failed else 0
+
+
+def _transcribe_file(model, path: str, args: argparse.Namespace, show_path: bool) -> bool:
+    """Print (and write) one file's transcript; a failure is one error line and False."""
+    from .audio import load_audio
+
+    try:
+        audio = load_audio(path)
+        result = model.transcribe(audio, mode=args.mode, language=args.language)
+    except MedusaWhisperError as e:
+        _error(e)
+        return False
+    text = result["text"].strip()
+    _write(f"{path}: {text}" if show_path else text, sys.stdout)
+    if args.output_dir is None:
+        return True
+    out = args.output_dir / (Path(path).stem + "." + args.output_format)
+    try:
+        _write_output(out, path, result, args.output_format)
+    except OSError as e:
+        _error(f"{out}: cannot write ({e.strerror or e})")
+        return False
+    return True
+
+
+def _output_clash(paths: List[str], extension: str) -> Optional[str]:
+    """Two inputs of one stem would overwrite each other's output file: say so before any work."""
+    seen = {}
+    for path in paths:
+        name = Path(path).stem + extension
+        if name in seen:
+            return f"{seen[name]} and {path} would both write {name} in --output-dir"
+        seen[name] = path
+    return None
+
+
+def output_record(path: str, result: dict) -> dict:
+    """What a file's JSON output holds: whisper's text, language and segments, and Medusa's statistics."""
+    stats = result.get("medusa", {})
+    record = {"file": str(path), "text": result["text"].strip(), "language": result.get("language"),
+              "segments": result.get("segments", [])}
+    record.update({k: stats.get(k) for k in STAT_FIELDS})
+    return record
+
+
+def _write_output(out: Path, path: str, result: dict, output_format: str) -> None:
+    if output_format == "json":
+        content = json.dumps(output_record(path, result), indent=2, ensure_ascii=False, default=_to_plain)
+    else:
+        content = result["text"].strip()
+    out.write_text(content + "\n", encoding="utf-8")
+
+
+def _to_plain(value):
+    """numpy and torch scalars or arrays that may sit in whisper's segments, as JSON values."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+# ---------------------------------------------------------------- convert, models
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .convert import convert
+
+    out = convert(args.src, args.out)
+    print(f"wrote {out}")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    from . import weights
+
+    rows = [[row["name"], row["kind"], _present(row), str(row["source"])] for row in weights.model_table()]
+    print(format_table(["NAME", "KIND", "PRESENT", "SOURCE"], rows))
+    return 0
+
+
+def _present(row: dict) -> str:
+    """The local path when there is one, else yes or no."""
+    present = row.get("path") or row.get("present")
+    if isinstance(present, (str, Path)) and str(present):
+        return str(present)
+    return "yes" if present else "no"
+
+
+def format_table(header: List[str], rows: List[List[str]]) -> str:
+    """Columns left-aligned to their widest cell, two spaces apart; the last column is not padded."""
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header] + rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
