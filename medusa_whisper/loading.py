@@ -80,7 +80,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
     checkpoint = weights.load_checkpoint(resolved.checkpoint)
     heads = load_heads(resolved.heads) if resolved.heads else None
     model = build_model(checkpoint, heads, medusa, source=str(resolved.checkpoint))
-    official = whisper._ALIGNMENT_HEADS.get(resolved.name.removesuffix("-medusa"))
+    official = whisper._ALIGNMENT_HEADS.get(weights.split_medusa_name(resolved.name) or resolved.name)
     if official and "alignment_heads" not in checkpoint:
         model.set_alignment_heads(official)
     if device is None:

@@ -119,7 +119,7 @@ def available_models() -> List[str]:
     return bases + [base + suffix for suffix in MEDUSA_SUFFIXES for base in bases]
 
 
-def _split_medusa(name: str) -> Optional[str]:
+def split_medusa_name(name: str) -> Optional[str]:
     """The base model of a Medusa name, or None when ``name`` is not one."""
     for suffix in sorted(MEDUSA_SUFFIXES, key=len, reverse=True):
         if name.endswith(suffix) and name[: -len(suffix)] in base_models():
@@ -333,7 +333,7 @@ def resolve(name_or_path: Union[str, os.PathLike]) -> Resolved:
     """
     text = os.fspath(name_or_path)
     if isinstance(name_or_path, str) and text in available_models():
-        base = _split_medusa(text)
+        base = split_medusa_name(text)
         if base is None:
             return Resolved(text, _base_checkpoint(text), None)
         heads = heads_file(text)
@@ -361,7 +361,7 @@ def model_table() -> List[dict]:
     manifest = _read_manifest(cache_dir())
     rows = []
     for name in available_models():
-        base = _split_medusa(name)
+        base = split_medusa_name(name)
         if base is not None:
             heads = heads_file(name)
             rows.append({"name": name, "kind": "medusa heads", "source": str(heads),

@@ -20,8 +20,19 @@ def randomize_heads(model: MedusaWhisper, std: float = 0.05, seed: int = 0) -> M
 
 
 def random_model(config: MedusaConfig, seed: int = 0) -> MedusaWhisper:
+    """A model of tiny's shape with random weights that says varied tokens.
+
+    whisper leaves the positional embedding uninitialised (torch.empty), and with unit-variance token
+    embeddings a random decoder just repeats its last input token; small embeddings avoid both.
+    """
     torch.manual_seed(seed)
-    return MedusaWhisper(TINY_DIMS, config).eval()
+    model = MedusaWhisper(TINY_DIMS, config).eval()
+    with torch.no_grad():
+        model.decoder.token_embedding.weight.normal_(0, 0.05)
+        model.decoder.positional_embedding.normal_(0, 0.05)
+    if model.medusa.block is not None:
+        model.medusa.init_block_from(model.decoder.blocks[-1])
+    return model
 
 
 def with_heads(base: MedusaWhisper, config: MedusaConfig) -> MedusaWhisper:

@@ -46,7 +46,9 @@ def test_random_model_matches_whisper_decode(heads_type, mode, random_mel):
     if mode == "off":
         assert result.decoder_steps == result.tokens_produced
     else:
-        assert result.decoder_steps < result.tokens_produced
+        assert result.decoder_steps <= result.tokens_produced
+    if mode == "lossless" and heads_type == "linear":
+        assert result.decoder_steps < result.tokens_produced  # some candidates were accepted
 
 
 def test_base_head_lossless_equals_its_own_greedy(random_mel):
