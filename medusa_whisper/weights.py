@@ -204,6 +204,14 @@ def save_checkpoint(checkpoint: dict, path: Union[str, os.PathLike]) -> str:
     return sha256_file(path)
 
 
+def _load_failure(error: Exception) -> str:
+    """torch.load's errors are paragraphs; say in a few words what went wrong."""
+    message = str(error)
+    if "Unsupported global" in message:
+        return "it holds Python objects, which a weights-only load refuses because they could run code"
+    return "truncated, corrupt, or not a PyTorch checkpoint"
+
+
 def load_checkpoint(path: Union[str, os.PathLike]) -> dict:
     """whisper's checkpoint dict from a ``.pt`` file, SHA-256 checked when the cache manifest knows it.
 
@@ -222,8 +230,7 @@ def load_checkpoint(path: Union[str, os.PathLike]) -> dict:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for truncated or foreign files
-        reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
-        raise CheckpointError(f"{path}: not a readable checkpoint ({reason}){hint}") from e
+        raise CheckpointError(f"{path}: not a readable checkpoint ({_load_failure(e)}){hint}") from e
     if not isinstance(checkpoint, dict) or "dims" not in checkpoint or "model_state_dict" not in checkpoint:
         raise CheckpointError(f"{path}: not a whisper checkpoint (needs 'dims' and 'model_state_dict'){hint}")
     return checkpoint
