@@ -60,10 +60,7 @@ def _set_alignment_heads(model: MedusaWhisper, pairs) -> None:
 
 def load_heads(path) -> dict:
     """A heads file: {"medusa": config dict, "heads_state_dict": ..., "base_model": name, "record": ...}."""
-    try:
-        heads = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for truncated or foreign files
-        raise CheckpointError(f"{path}: cannot read heads file ({type(e).__name__})") from e
+    heads = weights.safe_torch_load(path)
     if not isinstance(heads, dict) or "medusa" not in heads or "heads_state_dict" not in heads:
         raise CheckpointError(f"{path}: not a Medusa heads file (needs 'medusa' and 'heads_state_dict')")
     return heads

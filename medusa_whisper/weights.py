@@ -212,6 +212,14 @@ def _load_failure(error: Exception) -> str:
     return "truncated, corrupt, or not a PyTorch checkpoint"
 
 
+def safe_torch_load(path, hint: str = ""):
+    """torch.load with weights_only=True; a failure becomes one CheckpointError line."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for truncated or foreign files
+        raise CheckpointError(f"{path}: not a readable checkpoint ({_load_failure(e)}){hint}") from e
+
+
 def load_checkpoint(path: Union[str, os.PathLike]) -> dict:
     """whisper's checkpoint dict from a ``.pt`` file, SHA-256 checked when the cache manifest knows it.
 
@@ -227,10 +235,7 @@ def load_checkpoint(path: Union[str, os.PathLike]) -> dict:
         if actual != entry.get("sha256"):
             raise CheckpointError(f"{path}: SHA-256 {actual[:16]} does not match {MANIFEST} "
                                   f"({str(entry.get('sha256'))[:16]}), the file is truncated or changed{hint}")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for truncated or foreign files
-        raise CheckpointError(f"{path}: not a readable checkpoint ({_load_failure(e)}){hint}") from e
+    checkpoint = safe_torch_load(path, hint)
     if not isinstance(checkpoint, dict) or "dims" not in checkpoint or "model_state_dict" not in checkpoint:
         raise CheckpointError(f"{path}: not a whisper checkpoint (needs 'dims' and 'model_state_dict'){hint}")
     return checkpoint
