@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("out", metavar="OUT.pt", help="checkpoint file to write")
     c.set_defaults(run=_convert)
 
+    from .training.cli import add_parser as add_train_parser
+
+    add_train_parser(commands, _positive_int, _language)
+
     m = commands.add_parser("models", help="list known models and whether they are present",
                             description="List the model names --model accepts.")
     m.set_defaults(run=_models)

@@ -156,7 +156,8 @@ def propose(heads: MedusaHeads, decoder, head_input: Tensor, num_heads: int) -> 
     head_input : shape = (1, n_state), the decoder state (or Medusa block output) there
     """
     states = heads.head_states(head_input, num_heads)  # (1, K, n_state)
-    return project(decoder, states)[0].argmax(dim=-1).tolist()
+    columns = heads.proposal_logits(states, decoder.token_embedding.weight)[0].argmax(dim=-1)
+    return heads.proposal_ids(columns).tolist()
 
 
 @dataclass

@@ -36,12 +36,20 @@ class MedusaConfig:
     heads_type: str = "linear"
     # residual blocks stacked in each head (the reference's `medusa_num_layers`)
     num_layers: int = 1
+    # Heads propose only among the first `proposal_vocab` token ids plus every special token
+    # (0: the whole vocabulary). Whisper's BPE ids follow merge order, roughly most frequent first,
+    # so a prefix is a frequency shortlist that needs no data. Differs from the reference (always
+    # the whole vocabulary): on a CPU the vocabulary projection dominates a head's cost. Verification
+    # always uses the whole vocabulary, so this never changes the output, only what is proposed.
+    proposal_vocab: int = 0
 
     def __post_init__(self):
         if self.heads_type not in HEAD_TYPES:
             raise ValueError(f"heads_type must be one of {HEAD_TYPES}, got {self.heads_type!r}")
         if self.num_heads < 0 or self.num_layers < 1:
             raise ValueError(f"bad head counts: num_heads={self.num_heads}, num_layers={self.num_layers}")
+        if self.proposal_vocab < 0:
+            raise ValueError(f"proposal_vocab must be >= 0, got {self.proposal_vocab}")
         if self.heads_type == "block" and self.num_heads == 0:
             raise ValueError("a Medusa-Block model needs at least one head")
 
@@ -77,6 +85,10 @@ class MedusaHeads(nn.Module):
             nn.Sequential(*[ResBlock(dims.n_text_state) for _ in range(config.num_layers)])
             for _ in range(n_stacks)
         )
+        # whisper's special tokens (end-of-text, languages, timestamps...) are the ids from here on;
+        # whisper.tokenizer: multilingual vocabularies have 51865+ tokens and one more text token
+        self.first_special = 50257 if dims.n_vocab >= 51865 else 50256
+        self.n_vocab = dims.n_vocab
         self.block: Optional[ResidualAttentionBlock] = None
         if config.heads_type == "block":
             self.block = ResidualAttentionBlock(dims.n_text_state, dims.n_text_head, cross_attention=True)
@@ -107,3 +119,44 @@ class MedusaHeads(nn.Module):
         k = self.num_heads if num_heads is None else num_heads
         offset = 1 if self.has_base_head else 0
         return torch.stack([self.stacks[offset + i](head_input) for i in range(k)], dim=1)
+
+    # -- the proposal vocabulary ------------------------------------------------------------------
+
+    @property
+    def shortlist(self) -> Optional[int]:
+        """Number of leading text tokens heads may propose, or None for the whole vocabulary."""
+        n = self.config.proposal_vocab
+        return n if 0 < n < self.first_special else None
+
+    @property
+    def proposal_size(self) -> int:
+        n = self.shortlist
+        return self.n_vocab if n is None else n + self.n_vocab - self.first_special
+
+    def proposal_logits(self, states: Tensor, embedding: Tensor) -> Tensor:
+        """Logits of head states over the proposal vocabulary (two slices of the tied embedding).
+
+        states    : shape = (..., n_state)
+        embedding : shape = (n_vocab, n_state), the decoder's token embedding
+        returns   : shape = (..., proposal_size); column j is token ``proposal_ids(j)``
+        """
+        weight = embedding.to(states.dtype)
+        n = self.shortlist
+        if n is None:
+            return states @ weight.T
+        # slices are views: no copy of the embedding per call
+        return torch.cat([states @ weight[:n].T, states @ weight[self.first_special:].T], dim=-1)
+
+    def proposal_ids(self, columns: Tensor) -> Tensor:
+        """Token ids of proposal-vocabulary columns."""
+        n = self.shortlist
+        return columns if n is None else torch.where(columns < n, columns, columns - n + self.first_special)
+
+    def proposal_columns(self, token_ids: Tensor, ignore_index: int = -100) -> Tensor:
+        """Columns of token ids in the proposal vocabulary; ``ignore_index`` where a token is outside it."""
+        n = self.shortlist
+        if n is None:
+            return token_ids
+        columns = torch.where(token_ids >= self.first_special, token_ids - self.first_special + n, token_ids)
+        outside = (token_ids >= n) & (token_ids < self.first_special)
+        return columns.masked_fill(outside | (token_ids < 0), ignore_index)

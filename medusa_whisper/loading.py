@@ -42,10 +42,29 @@ def build_model(checkpoint: dict, heads: Optional[dict] = None, medusa: Optional
         model.load_whisper_state_dict(checkpoint["model_state_dict"])
         if heads is not None:
             model.load_heads_state_dict(heads["heads_state_dict"])
+            _apply_overrides(model, heads.get("decoder_overrides"))
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{source}: not a usable checkpoint ({str(e).splitlines()[0][:200]})") from e
     _set_alignment_heads(model, checkpoint.get("alignment_heads"))
     return model
+
+
+def _apply_overrides(model: MedusaWhisper, overrides: Optional[dict]) -> None:
+    """Whisper weights a heads file replaces (the fine-tuned variant's last decoder layer).
+
+    Differs from whisper: after this the model is no longer the checkpoint's; lossless decoding
+    then reproduces the fine-tuned model's greedy output, not the original's.
+    """
+    if not overrides:
+        return
+    own = model.state_dict()
+    for name, tensor in overrides.items():
+        if name not in own or name.startswith("medusa."):
+            raise ValueError(f"heads file overrides unknown tensor {name!r}")
+        if own[name].shape != tensor.shape:
+            raise ValueError(f"heads file override {name!r} has shape {tuple(tensor.shape)}, "
+                             f"the model's is {tuple(own[name].shape)}")
+    model.load_state_dict(overrides, strict=False)
 
 
 def _set_alignment_heads(model: MedusaWhisper, pairs) -> None:

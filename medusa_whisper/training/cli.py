@@ -1,0 +1,128 @@
+"""``medusa-whisper train``: cache the frozen base model's states, train heads, write a heads file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ..errors import MedusaWhisperError
+
+
+def add_parser(commands, positive_int, language) -> None:
+    p = commands.add_parser(
+        "train", help="train Medusa heads on a frozen base model",
+        description="Train Medusa heads. Labels are the base model's own greedy transcripts by default "
+                    "(self-supervised), so lossless decoding with the heads stays exactly vanilla.")
+    data = p.add_argument_group("data")
+    data.add_argument("--data", type=Path, action="append", default=[], metavar="CSV",
+                      help="training CSV (columns audio, sentence, language; optional voice, seconds); repeatable")
+    data.add_argument("--audio-dir", type=Path, action="append", default=[], metavar="DIR",
+                      help="a folder of unlabelled audio (one sub-folder per speaker); repeatable")
+    data.add_argument("--heldout", type=Path, default=None, metavar="CSV",
+                      help="held-out CSV: per-head accuracy is reported on it during training")
+    data.add_argument("--language", type=language, default="en", help="language of --audio-dir audio")
+    data.add_argument("--labels", choices=("self", "transcript"), default="self",
+                      help="self: the base model's greedy transcripts (default); transcript: the CSV's sentences")
+    data.add_argument("--timestamps-fraction", type=float, default=0.3, metavar="P",
+                      help="share of windows labelled with timestamp tokens (default 0.3)")
+    data.add_argument("--window-seconds", type=float, nargs=2, default=(20.0, 28.0), metavar=("MIN", "MAX"),
+                      help="utterances are packed into windows of this much audio (default 20 28)")
+
+    model = p.add_argument_group("model")
+    model.add_argument("--base", default="tiny.en", metavar="NAME|PATH", help="frozen base model (default tiny.en)")
+    model.add_argument("--heads-type", choices=("linear", "block", "base_head"), default="linear",
+                       help="linear: Medusa-Linear; block: Medusa-Block; base_head: with --fine-tune-last-layer")
+    model.add_argument("--num-heads", type=positive_int, default=10, metavar="K")
+    model.add_argument("--num-layers", type=positive_int, default=1, help="residual blocks per head")
+    model.add_argument("--proposal-vocab", type=int, default=0, metavar="N",
+                       help="heads propose among the first N token ids and the special tokens (0: all)")
+    model.add_argument("--fine-tune-last-layer", action="store_true",
+                       help="the paper's fine-tuned variant: also retrain the last decoder layer with a KL term "
+                            "(NOT lossless with respect to the original model)")
+    model.add_argument("--kl-weight", type=float, default=0.01)
+    model.add_argument("--last-layer-lr", type=float, default=1e-5, help="learning rate of the fine-tuned layer")
+
+    run = p.add_argument_group("run")
+    run.add_argument("--out", type=Path, required=True, metavar="FILE", help="heads file to write (.pt)")
+    run.add_argument("--work-dir", type=Path, default=None, metavar="DIR",
+                     help="checkpoints, history and plot (default: OUT without .pt, plus .work)")
+    run.add_argument("--cache-dir", type=Path, default=None, metavar="DIR",
+                     help="cached base-model states, shareable between head types (default: WORK_DIR/cache)")
+    run.add_argument("--epochs", type=float, default=3.0)
+    run.add_argument("--lr", type=float, default=1e-3)
+    run.add_argument("--batch-positions", type=positive_int, default=512)
+    run.add_argument("--batch-windows", type=positive_int, default=4)
+    run.add_argument("--eval-every", type=positive_int, default=200, metavar="STEPS")
+    run.add_argument("--checkpoint-every", type=positive_int, default=200, metavar="STEPS")
+    run.add_argument("--max-steps", type=positive_int, default=None, help="stop early (resume later)")
+    run.add_argument("--no-resume", action="store_true", help="start over even if a checkpoint exists")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    run.add_argument("--threads", type=positive_int, default=None)
+    p.set_defaults(run=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..loading import load_model
+    from . import features, plots, trainer, windows
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not args.data and not args.audio_dir:
+        raise MedusaWhisperError("train: give --data CSV or --audio-dir DIR")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise MedusaWhisperError("--device cuda: CUDA is not available on this machine")
+    work = args.work_dir or args.out.with_suffix(".work")
+    cache = args.cache_dir or work / "cache"
+    times = {}
+
+    began = time.perf_counter()
+    base = load_model(args.base, device=args.device)
+    if base.num_heads:
+        raise MedusaWhisperError(f"--base {args.base}: already has heads; name the plain base model")
+    utterances = windows.read_sources(args.data, args.audio_dir, args.language)
+    train_windows = windows.pack(utterances, seed=args.seed, min_seconds=args.window_seconds[0],
+                                 max_seconds=args.window_seconds[1])
+    label = features.LabelOptions(labels=args.labels, timestamps_fraction=args.timestamps_fraction, seed=args.seed)
+    summary = {"train": features.build_cache(base, train_windows, cache / "train", label, "cache train")}
+    heldout = None
+    if args.heldout:
+        heldout_windows = windows.pack(windows.read_csv(args.heldout), seed=args.seed + 1,
+                                       min_seconds=args.window_seconds[0], max_seconds=args.window_seconds[1])
+        summary["heldout"] = features.build_cache(base, heldout_windows, cache / "heldout", label, "cache heldout")
+    times["cache_seconds"] = round(time.perf_counter() - began, 1)
+
+    cfg = trainer.TrainConfig(
+        heads_type=args.heads_type, num_heads=args.num_heads, num_layers=args.num_layers,
+        proposal_vocab=args.proposal_vocab, fine_tune_last_layer=args.fine_tune_last_layer,
+        kl_weight=args.kl_weight, last_layer_lr=args.last_layer_lr, epochs=args.epochs, batch_positions=args.batch_positions,
+        batch_windows=args.batch_windows, lr=args.lr, seed=args.seed, eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every)
+    need_audio = cfg.per_window
+    train_shard = features.load_cache(cache / "train", audio_features=need_audio)
+    heldout = features.load_cache(cache / "heldout", audio_features=need_audio) if args.heldout else None
+    base = base.float().cpu() if args.device != "cuda" else base.float()
+    trained, state = trainer.train(base, train_shard, heldout, cfg, work, resume=not args.no_resume,
+                                   max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr))
+    times["train_seconds"] = round(state.seconds, 1)
+
+    (work / "history.json").write_text(json.dumps(state.history, indent=1))
+    plots.plot_history(state.history, work / "training.png", title=f"{args.base} {args.heads_type} x{args.num_heads}")
+    record = dict(
+        base_model=args.base, train_config=asdict(cfg), labels=args.labels,
+        data=[str(p) for p in args.data] + [str(p) for p in args.audio_dir],
+        heldout=str(args.heldout) if args.heldout else None, cache=summary, steps=state.step,
+        threads=torch.get_num_threads(), device=str(next(base.parameters()).device), **times,
+        final=state.history[-1] if state.history else None, command="medusa-whisper " + " ".join(sys.argv[2:]),
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(trainer.heads_file(trained, base, args.base, record), args.out)
+    print(json.dumps(dict(out=str(args.out), steps=state.step, **times,
+                          heldout=(state.history[-1].get("heldout") if state.history else None))))
+    return 0

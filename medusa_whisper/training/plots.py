@@ -1,0 +1,41 @@
+"""Training curves as a PNG: train and held-out loss, and held-out accuracy per head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional
+
+
+def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[Path]:
+    """Write the plot; returns None (and writes nothing) when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    if not history:
+        return None
+    steps = [h["step"] for h in history]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(steps, [h["train_loss"] for h in history], label="train")
+    scored = [h for h in history if "heldout" in h]
+    if scored:
+        left.plot([h["step"] for h in scored], [h["heldout"]["loss"] for h in scored], label="held-out")
+        per_head = list(zip(*[h["heldout"]["accuracy_per_head"] for h in scored]))
+        for k, acc in enumerate(per_head, start=1):
+            right.plot([h["step"] for h in scored], acc, label=f"head {k}")
+    left.set_xlabel("step")
+    left.set_ylabel("loss (mean cross-entropy over heads)")
+    left.legend()
+    right.set_xlabel("step")
+    right.set_ylabel("held-out top-1 accuracy")
+    right.set_ylim(0, 1)
+    if scored:
+        right.legend(fontsize=7, ncol=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
