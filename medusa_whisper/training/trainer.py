@@ -148,15 +148,15 @@ class HeadsTrainer(nn.Module):
         return self.heads.proposal_logits(states, self.embedding)
 
 
-def _ce(logits: Tensor, columns: Tensor) -> Tuple[Tensor, int, int]:
-    """Summed cross-entropy, number of scored targets, number of correct argmaxes."""
+def _ce(logits: Tensor, columns: Tensor) -> Tuple[Tensor, int, Tensor]:
+    """Summed cross-entropy, number of scored targets, and per position whether the argmax is right."""
     valid = columns != IGNORE
+    hits = (logits.detach().argmax(-1) == columns) & valid
     n = int(valid.sum())
     if n == 0:
-        return logits.sum() * 0.0, 0, 0
+        return logits.sum() * 0.0, 0, hits
     loss = F.cross_entropy(logits[valid], columns[valid], reduction="sum")
-    correct = int((logits[valid].argmax(-1) == columns[valid]).sum())
-    return loss, n, correct
+    return loss, n, hits
 
 
 def step_losses(trainer: HeadsTrainer, shared: Tensor, targets: Tensor, original: Optional[Tensor],
@@ -171,11 +171,14 @@ def step_losses(trainer: HeadsTrainer, shared: Tensor, targets: Tensor, original
     detached = shared.detach().requires_grad_(backward and shared.requires_grad)
     heads = list(range(1, cfg.num_heads + 1)) + ([0] if trainer.heads.has_base_head else [])
     stats = dict(loss=0.0, n=[0] * (cfg.num_heads + 1), correct=[0] * (cfg.num_heads + 1),
-                 loss_per_head=[0.0] * (cfg.num_heads + 1), kl=0.0)
+                 loss_per_head=[0.0] * (cfg.num_heads + 1), kl=0.0,
+                 hits=torch.zeros(len(targets), cfg.num_heads + 1, dtype=torch.bool))
     for k in heads:
         logits = trainer.head_logits(detached, k)
         columns = targets[:, k] if k == 0 else trainer.heads.proposal_columns(targets[:, k])
-        summed, n, correct = _ce(logits, columns)
+        summed, n, hits = _ce(logits, columns)
+        correct = int(hits.sum())
+        stats["hits"][:, k] = hits
         mean = summed / max(n, 1)
         # plain mean over the Medusa heads (paper); head 0 and KL are added on top, weight 1 and kl_weight
         weight = 1.0 if k == 0 else 1.0 / cfg.num_heads
@@ -243,7 +246,7 @@ def evaluate(trainer: HeadsTrainer, data) -> Dict:
     """Held-out loss, per-head top-1 accuracy, and the teacher-forced accepted-length estimate."""
     cfg = trainer.config
     trainer.eval()
-    totals = dict(loss=0.0, batches=0, n=np.zeros(cfg.num_heads + 1), correct=np.zeros(cfg.num_heads + 1))
+    totals = dict(loss=0.0, batches=0, n=np.zeros(cfg.num_heads + 1), correct=np.zeros(cfg.num_heads + 1), runs=[])
     batches = ([list(range(i, min(i + 8, len(data.tokens)))) for i in range(0, len(data.tokens), 8)]
                if cfg.per_window else [torch.arange(i, min(i + 4096, len(data.targets)))
                                        for i in range(0, len(data.targets), 4096)])
@@ -254,10 +257,18 @@ def evaluate(trainer: HeadsTrainer, data) -> Dict:
             totals["batches"] += 1
             totals["n"] += stats["n"]
             totals["correct"] += stats["correct"]
+            # heads 1..k all right in a row: what lossless decoding would accept at that position
+            hits = stats["hits"][:, 1:].int()
+            totals["runs"].append(hits.cumprod(dim=1).sum(dim=1))
     trainer.train()
+    runs = torch.cat(totals["runs"]).float()
     accuracy = (totals["correct"] / np.maximum(totals["n"], 1)).tolist()
     return dict(loss=totals["loss"] / max(totals["batches"], 1),
                 accuracy_per_head=[round(a, 4) for a in accuracy[1:]],
+                # teacher-forced estimate of lossless tokens per step with the first k heads, k = 1..K
+                # (every position counted; real decoding visits a subset, so it is only a guide)
+                estimated_tokens_per_step=[round(1 + float(runs.clamp(max=k).mean()), 3)
+                                           for k in range(1, cfg.num_heads + 1)],
                 next_token_accuracy=round(accuracy[0], 4) if trainer.heads.has_base_head else None)
 
 
