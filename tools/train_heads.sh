@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The recipe of the shipped heads under weights/: corpus, caches, training, held-out measurement.
+# Usage: tools/train_heads.sh BASE TYPE HEADS EPOCHS   e.g.  tools/train_heads.sh tiny.en linear 20 4
+# Each stage resumes where it stopped; outputs go to data/ (git-ignored) until tools/ship_heads.py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BASE=${1:?base model}; TYPE=${2:?linear or block}; HEADS=${3:?number of heads}; EPOCHS=${4:-4}
+THREADS=${THREADS:-2}
+PY=${PY:-.venv/bin/python}
+
+[ -f data/corpus/train.csv ] || $PY tools/make_corpus.py --out data/corpus
+
+# The cache (encoder output, self-supervised labels, decoder states) is shared by both head types.
+$PY -m medusa_whisper.cli train --base "$BASE" --heads-type "$TYPE" --num-heads "$HEADS" --epochs "$EPOCHS" \
+  --data data/corpus/train.csv --heldout data/corpus/heldout.csv --cache-dir "data/cache/$BASE" \
+  --out "data/train/$BASE-$TYPE$HEADS.pt" --threads "$THREADS" ${TRAIN_ARGS:-}
