@@ -62,8 +62,10 @@ FESTIVAL_VOICES = ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts")
 HELDOUT_VOICES = {
     "espeak-ng": {f"{a}+{v}" for a, v in [("en-gb-scotland", "f3"), ("en-us", "m5"), ("en-029", "f2"),
                                           ("en-gb-x-rp", "klatt2"), ("en-us-nyc", "m2"), ("en-gb", "f5")]},
+    # flite's slt and festival's slt_arctic_hts are one speaker (CMU ARCTIC SLT), held out together;
+    # flite's kal and festival's kal_diphone are one speaker too, both in training
     "flite": {"slt", "rms"},
-    "festival": {"ked_diphone"},
+    "festival": {"ked_diphone", "cmu_us_slt_arctic_hts"},
 }
 ENGINE_WEIGHTS = (("espeak-ng", 0.5), ("flite", 0.3), ("festival", 0.2))
 REQUIRED = {"espeak-ng": "espeak-ng", "flite": "flite", "text2wave": "festival", "sox": "sox"}
