@@ -88,6 +88,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("out", metavar="OUT.pt", help="checkpoint file to write")
     c.set_defaults(run=_convert)
 
+    e = commands.add_parser("eval", help="WER/CER and speed on a labelled CSV",
+                            description="Evaluate on a CSV with columns audio, sentence, language (optional "
+                                        "regulation-start, regulation-factor): WER and CER after whisper's text "
+                                        "normaliser, tokens per decoder step, times.")
+    e.add_argument("--data", type=Path, required=True, metavar="CSV")
+    e.add_argument("--model", default=None, metavar="NAME|PATH", help="default: medusa_whisper.DEFAULT_MODEL")
+    e.add_argument("--mode", choices=MODES, default="lossless")
+    e.add_argument("--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
+    e.add_argument("--compare-vanilla", action="store_true",
+                   help="also decode each file with whisper.decode greedy (same weights), interleaved")
+    e.add_argument("--out", type=Path, default=None, metavar="PREFIX",
+                   help="write PREFIX.csv and PREFIX.json (default: eval_<model>_<mode> beside the CSV)")
+    e.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="only the first N rows")
+    e.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    e.add_argument("--threads", type=_positive_int, default=None, metavar="N")
+    e.set_defaults(run=_eval)
+
     from .training.cli import add_parser as add_train_parser
 
     add_train_parser(commands, _positive_int, _language)
@@ -181,6 +198,38 @@ def _transcribe_file(model, path: str, args: argparse.Namespace, show_path: bool
         _error(f"{out}: cannot write ({e.strerror or e})")
         return False
     return True
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import torch
+
+    import medusa_whisper
+    from . import evaluation
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        _error("--device cuda: CUDA is not available on this machine")
+        return 1
+    rows, problems = evaluation.read_eval_csv(args.data)
+    for message in problems:
+        _error(message)
+    rows = rows[: args.limit] if args.limit else rows
+    if not rows:
+        _error(f"{args.data}: no row can be evaluated")
+        return 1
+    name = args.model or medusa_whisper.DEFAULT_MODEL
+    model = medusa_whisper.load_model(name, device=args.device)
+    options = evaluation.EvalOptions(mode=args.mode, num_heads=args.num_heads, compare_vanilla=args.compare_vanilla)
+    report = evaluation.evaluate(model, rows, options, on_problem=_error, progress=sys.stderr.isatty())
+    report.problems[:0] = problems
+    report.summary["skipped"] = len(report.problems)
+    prefix = args.out or args.data.parent / f"eval_{Path(name).stem}_{args.mode}"
+    csv_path, json_path = evaluation.write_report(report, prefix)
+    for line in evaluation.format_summary(report.summary):
+        _write(line, sys.stdout)
+    _write(f"wrote {csv_path} and {json_path}", sys.stdout)
+    return 1 if report.problems else 0
 
 
 def _output_clash(paths: List[str], extension: str) -> Optional[str]:
