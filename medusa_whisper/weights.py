@@ -21,6 +21,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -388,3 +389,31 @@ def model_table() -> List[dict]:
         rows.append({"name": name, "kind": "base", "source": source, "present": bool(cached) or installed,
                      "path": str(cached) if cached else None})
     return rows
+
+
+def ctranslate2_dir(name: str) -> Path:
+    """A CTranslate2 model folder of an offline-packaged model, as faster-whisper loads it.
+
+    A model whose model.bin ships in parts is joined once into the cache (with its config and
+    tokenizer beside it, so faster-whisper never reaches for the hub).
+    """
+    source = OFFLINE_SOURCES.get(name)
+    located = source.locate() if source else None
+    if located is None:
+        raise ModelNotFoundError(f"{name}: no CTranslate2 weights installed; run `{OFFLINE_HINT}`")
+    config_dir, parts = located
+    if len(parts) == 1:
+        return parts[0].parent
+    folder = cache_dir() / "ctranslate2" / name
+    model_bin = folder / "model.bin"
+    expected = sum(p.stat().st_size for p in parts)
+    if not (model_bin.is_file() and model_bin.stat().st_size == expected):
+        folder.mkdir(parents=True, exist_ok=True)
+        with _atomic_path(model_bin) as tmp, open(tmp, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 20)
+    for extra in ("config.json", "tokenizer.json", "vocabulary.txt", "vocabulary.json", "preprocessor_config.json"):
+        if (config_dir / extra).is_file() and not (folder / extra).is_file():
+            shutil.copy(config_dir / extra, folder / extra)
+    return folder

@@ -29,6 +29,9 @@ def add_parser(commands, positive_int, language) -> None:
                       help="self: the base model's greedy transcripts (default); transcript: the CSV's sentences")
     data.add_argument("--timestamps-fraction", type=float, default=0.3, metavar="P",
                       help="share of windows labelled with timestamp tokens (default 0.3)")
+    data.add_argument("--max-windows", type=positive_int, default=None, metavar="N",
+                      help="use only the first N packed training windows (the cache is built in this order, "
+                           "so a later run with a larger N extends it)")
     data.add_argument("--window-seconds", type=float, nargs=2, default=(20.0, 28.0), metavar=("MIN", "MAX"),
                       help="utterances are packed into windows of this much audio (default 20 28)")
 
@@ -89,6 +92,9 @@ def run_train(args: argparse.Namespace) -> int:
     utterances = windows.read_sources(args.data, args.audio_dir, args.language)
     train_windows = windows.pack(utterances, seed=args.seed, min_seconds=args.window_seconds[0],
                                  max_seconds=args.window_seconds[1])
+    if args.max_windows:  # whole shards, so that a later, larger --max-windows extends the same cache
+        shard = features.SHARD_WINDOWS
+        train_windows = train_windows[: -(-args.max_windows // shard) * shard]
     label = features.LabelOptions(labels=args.labels, timestamps_fraction=args.timestamps_fraction, seed=args.seed)
     summary = {"train": features.build_cache(base, train_windows, cache / "train", label, "cache train")}
     heldout = None
@@ -105,7 +111,8 @@ def run_train(args: argparse.Namespace) -> int:
         batch_windows=args.batch_windows, lr=args.lr, seed=args.seed, eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every)
     need_audio = cfg.per_window
-    train_shard = features.load_cache(cache / "train", audio_features=need_audio)
+    n_shards = -(-len(train_windows) // features.SHARD_WINDOWS)
+    train_shard = features.load_cache(cache / "train", audio_features=need_audio, max_shards=n_shards)
     heldout = features.load_cache(cache / "heldout", audio_features=need_audio) if args.heldout else None
     base = base.float().cpu() if args.device != "cuda" else base.float()
     trained, state = trainer.train(base, train_shard, heldout, cfg, work, resume=not args.no_resume,

@@ -209,10 +209,11 @@ def shard_paths(cache_dir: Path) -> List[Path]:
     return sorted(Path(cache_dir).glob("shard_*.pt"))
 
 
-def load_cache(cache_dir: Path, audio_features: bool = True) -> Shard:
-    """All shards of a cache as one; ``audio_features=False`` leaves the encoder output out."""
+def load_cache(cache_dir: Path, audio_features: bool = True, max_shards: Optional[int] = None) -> Shard:
+    """The shards of a cache (the first ``max_shards``) as one; ``audio_features=False`` leaves the
+    encoder output out."""
     shards = []
-    for p in shard_paths(cache_dir):
+    for p in shard_paths(cache_dir)[:max_shards]:
         shard = Shard.load(p)
         if not audio_features:
             shard.audio_features = shard.audio_features[:0]
