@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 THREADS ?= 2
 
-.PHONY: setup demo test test-quick speed clean
+.PHONY: setup demo test test-quick speed bench bench-quick corpus heads clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,31 @@ test-quick: setup
 # Decoder time of `--mode off` against whisper.decode greedy, interleaved, one run.
 speed: setup
 	$(BIN)/python tools/decoder_speed.py --threads $(THREADS)
+
+# Accuracy and speed of openai-whisper, medusa_whisper and faster-whisper in one run (about 12 min on
+# 2 cores; bench-quick about 2 min). Builds its clips from the held-out synthetic corpus (needs the
+# speech synthesisers: apt-get install espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k
+# festvox-us-slt-hts sox fortunes). Results: bench_out/bench.{json,md} and a speedup-by-length PNG.
+MODEL ?= base
+bench: setup $(VENV)/.bench
+	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS)
+
+bench-quick: setup $(VENV)/.bench
+	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --quick
+
+$(VENV)/.bench: setup.cfg
+	$(BIN)/pip install -q -e ".[bench]"
+	touch $@
+
+# The synthetic training corpus (about 3 min) and the recipe of the shipped heads (hours on 2 cores).
+corpus: setup
+	$(BIN)/python tools/make_corpus.py --out data/corpus
+
+heads: corpus
+	tools/train_heads.sh tiny.en linear 20 4
+	tools/train_heads.sh tiny.en block 10 3
+	tools/train_heads.sh base linear 10 3
+	tools/train_heads.sh base block 10 3
 
 clean:
 	rm -rf $(VENV) build *.egg-info
