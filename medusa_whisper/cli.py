@@ -224,7 +224,7 @@ def _eval(args: argparse.Namespace) -> int:
     report = evaluation.evaluate(model, rows, options, on_problem=_error, progress=sys.stderr.isatty())
     report.problems[:0] = problems
     report.summary["skipped"] = len(report.problems)
-    prefix = args.out or args.data.parent / f"eval_{Path(name).stem}_{args.mode}"
+    prefix = args.out or args.data.parent / f"eval_{Path(name).name}_{args.mode}"
     csv_path, json_path = evaluation.write_report(report, prefix)
     for line in evaluation.format_summary(report.summary):
         _write(line, sys.stdout)

