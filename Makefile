@@ -33,18 +33,23 @@ test-quick: setup
 speed: setup
 	$(BIN)/python tools/decoder_speed.py --threads $(THREADS)
 
-# Accuracy and speed of openai-whisper, medusa_whisper and faster-whisper in one run (about 12 min on
-# 2 cores; bench-quick about 2 min). Builds its clips from the held-out synthetic corpus (needs the
-# speech synthesisers: apt-get install espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k
-# festvox-us-slt-hts sox fortunes). Results: bench_out/bench.{json,md} and a speedup-by-length PNG.
+# Accuracy and speed of openai-whisper, medusa_whisper and faster-whisper (and transformers when
+# installed) in one run on the same weights: about 12 min on 2 idle cores, bench-quick about 2.5 min.
+# Builds its clips from the held-out synthetic corpus (needs the speech synthesisers: apt-get install
+# espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox fortunes) and
+# adds real recordings (tools/fetch_real_speech.py) when they can be fetched.
+# Results: bench_out/bench.{json,md} and bench_out/speedup_by_length.png (bench-quick: *_quick.*).
+# `make bench MODEL=tiny.en`, `make bench DEVICE=cuda` (after `make setup TORCH=torch`).
 MODEL ?= base
+DEVICE ?= cpu
 bench: setup $(VENV)/.bench
-	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS)
+	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE)
 
 bench-quick: setup $(VENV)/.bench
-	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --quick
+	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) --quick
 
-$(VENV)/.bench: setup.cfg
+# The bench extra (faster-whisper, matplotlib), installed once into the same venv.
+$(VENV)/.bench: $(VENV)/.installed setup.cfg
 	$(BIN)/pip install -q -e ".[bench]"
 	touch $@
 

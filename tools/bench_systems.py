@@ -157,6 +157,7 @@ def transformers_system(name: str, model_name: str, device: str) -> System:
 
     import medusa_whisper
 
+    transformers.logging.set_verbosity_error()  # its own deprecation notices about its Whisper generate
     base = medusa_whisper.load_model(model_name, device="cpu")
     hf = _to_transformers(base).to(device).eval()
     if device == "cuda":
@@ -164,6 +165,8 @@ def transformers_system(name: str, model_name: str, device: str) -> System:
     tokenizer = whisper.tokenizer.get_tokenizer(base.is_multilingual, num_languages=base.num_languages,
                                                 language="en", task="transcribe")
     n_mels = base.dims.n_mels
+    # transformers refuses a language or task for an English-only model
+    prompt = dict(language="en", task="transcribe") if base.is_multilingual else {}
     del base
 
     def sync() -> None:
@@ -178,12 +181,12 @@ def transformers_system(name: str, model_name: str, device: str) -> System:
             encoder_out = hf.get_encoder()(mel)
             sync()
             encoded = time.perf_counter()
-            ids = hf.generate(encoder_outputs=encoder_out, language="en", task="transcribe",
-                              return_timestamps=False, num_beams=1, do_sample=False)
+            ids = hf.generate(encoder_outputs=encoder_out, return_timestamps=False, num_beams=1, do_sample=False,
+                              **prompt)
         sync()
         done = time.perf_counter()
         sampled = [t for t in ids[0].tolist() if t < tokenizer.eot]  # text tokens only
-        text = tokenizer.decode(sampled)
+        text = tokenizer.decode(sampled).strip()  # as whisper's DecodingResult.text
         return Run(text, encoded - began, done - encoded, done - began, len(sampled) + 1, len(sampled) + 1)
 
     return System(name, run, f"transformers {transformers.__version__}, weights converted in memory")
