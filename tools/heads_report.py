@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,11 +42,15 @@ def main() -> None:
     parser.add_argument("--timestamps", action="store_true", help="decode with timestamp tokens")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--proposal-vocab", type=int, default=None,
+                        help="override the heads' proposal vocabulary (first N token ids + specials; 0 = all)")
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.json, OUT.md")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     model = medusa_whisper.load_model(args.model, device="cpu")
+    if args.proposal_vocab is not None:
+        model.medusa.config = replace(model.medusa.config, proposal_vocab=args.proposal_vocab)
     heads = args.heads or [model.num_heads]
     packed = windows.pack(windows.read_csv(args.data), seed=args.seed, min_seconds=args.window_seconds[0],
                           max_seconds=args.window_seconds[1])[: args.windows]
@@ -90,7 +95,7 @@ def main() -> None:
             ratio_spread=[round(ratios[len(ratios) // 10], 3), round(ratios[(len(ratios) * 9) // 10], 3)],
             total_ratio=round(row["seconds"] / vanilla_seconds, 3),
         ))
-    info = dict(model=args.model, data=str(args.data), timestamps=args.timestamps, threads=args.threads,
+    info = dict(model=args.model, data=str(args.data), proposal_vocab=model.medusa.config.proposal_vocab, timestamps=args.timestamps, threads=args.threads,
                 torch=torch.__version__, vanilla_decode_seconds=round(vanilla_seconds, 2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(dict(info=info, results=results), indent=1))
