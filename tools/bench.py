@@ -305,7 +305,7 @@ def markdown(rows: List[dict], info: dict) -> str:
     synthetic = info["clips"] - info["real_clips"]
     lines = [
         f"Model `{info['model']}` on {info['device']}; {synthetic} synthetic held-out clips (about "
-        f"{', '.join(str(b) for b in BUCKETS)} s) and {info['real_clips']} real recordings, "
+        f"{', '.join(str(b) for b in BUCKETS)} s) and {info['real_clips']} real recording(s), "
         f"{info['audio_seconds']:.0f} s of audio; {info['rounds']} interleaved round(s) after a warm-up. "
         f"{info['machine']}; {info['threads']} threads; torch {info['torch']}, openai-whisper {info['whisper']}, "
         f"faster-whisper {info['faster_whisper']} (CTranslate2 {info['ctranslate2']}). Trained heads: "
