@@ -14,8 +14,9 @@ loader converts to openai-whisper's layout and faster-whisper reads as they are)
 
 The benchmark set is built reproducibly from the held-out split of the synthetic corpus (voices and
 texts that training never saw): the shortest utterance of a voice (a few words), and utterances of
-one voice joined with short pauses to about 5, 10, 20 and 30 s; plus the real recordings of
-data/real/real.csv (tools/fetch_real_speech.py) when they can be had.
+one voice joined with short pauses to about 5, 10, 20 and 30 s; plus up to 10 real recordings of
+at most 30 s from data/real/real.csv (tools/fetch_real_speech.py), taken from its sources in turn,
+when they can be had.
 
 Each round decodes every clip with every system, the systems interleaved per clip in a rotating
 order so that drift of the machine hits all alike; a warm-up pass is not counted. A speedup is
@@ -23,7 +24,7 @@ vanilla seconds / system seconds summed over the clips of one round, reported as
 the min-max over rounds. Peak memory is each system's resident-set high-water mark in a fresh
 process that imports only that system, loads it and transcribes the longest clip twice.
 
-    python tools/bench.py                 # base, 2 clips per length, 2 rounds, memory (about 12 min on 2 cores)
+    python tools/bench.py                 # base, 2 clips per length, 10 real, 2 rounds, memory (about 12 min on 2 cores)
     python tools/bench.py --quick         # 1 clip per length, 1 round, 1 real clip, no memory (about 2.5 min)
 """
 
@@ -140,14 +141,31 @@ def build_bench_set(heldout: Path, out: Path, per_bucket: int, real_csv: Optiona
     return path
 
 
-def _real_records(real_csv: Path, limit: Optional[int]) -> List[dict]:
-    """The real recordings of up to 30 s, longest first (``limit`` keeps the first few)."""
+def _real_records(real_csv: Path, limit: Optional[int], seed: int = 0) -> List[dict]:
+    """Up to ``limit`` real recordings of at most 30 s, taken from the sources in turn.
+
+    One source (a telephone-prompt voice) has most of the recordings; taking them in turn from
+    each source, in a seeded order within it, keeps every voice and recording set in a small set.
+    """
     with real_csv.open(newline="") as f:
-        rows = [r for r in csv.DictReader(f) if float(r.get("seconds") or 0) <= MAX_SECONDS]
-    rows.sort(key=lambda r: -float(r.get("seconds") or 0))
+        rows = [r for r in csv.DictReader(f) if 0 < float(r.get("seconds") or 0) <= MAX_SECONDS]
+    by_source: Dict[str, List[dict]] = {}
+    for r in rows:
+        by_source.setdefault(r.get("source") or "", []).append(r)
+    rng = random.Random(seed)
+    queues = []
+    for source in sorted(by_source):
+        queue = sorted(by_source[source], key=lambda r: r["audio"])
+        rng.shuffle(queue)
+        queues.append(queue)
+    picked: List[dict] = []
+    while any(queues) and (limit is None or len(picked) < limit):
+        for queue in queues:
+            if queue and (limit is None or len(picked) < limit):
+                picked.append(queue.pop(0))
     return [dict(audio=str((real_csv.parent / r["audio"]).resolve()), sentence=r["sentence"],
                  language=r.get("language") or "en", bucket="real", seconds=r.get("seconds", ""))
-            for r in rows[:limit]]
+            for r in picked]
 
 
 @dataclass
@@ -394,7 +412,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 clip per length, 1 round, 1 real clip, no memory")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 2; quick 1)")
     parser.add_argument("--per-length", type=int, default=None, help="clips per target length (default 2; quick 1)")
-    parser.add_argument("--max-real", type=int, default=None, help="real clips at most (default all; quick 1)")
+    parser.add_argument("--max-real", type=int, default=None, help="real clips at most (default 10; quick 1)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of every system (default 2)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--corpus", type=Path, default=ROOT / "data" / "corpus", help="holds heldout.csv")
@@ -413,7 +431,7 @@ def main() -> None:
     began, load_start = time.perf_counter(), os.getloadavg()[0]
     rounds = args.rounds or (1 if args.quick else 2)
     per_length = args.per_length or (1 if args.quick else 2)
-    max_real = args.max_real if args.max_real is not None else (1 if args.quick else None)
+    max_real = args.max_real if args.max_real is not None else (1 if args.quick else 10)
     if args.clips is None:
         real = ensure_real(args.real)
         clip_csv = build_bench_set(ensure_heldout(args.corpus), ROOT / "data" / "bench" / f"set{per_length}",
