@@ -13,7 +13,7 @@ from medusa_whisper.audio import load_audio
 from medusa_whisper.cli import main
 from medusa_whisper.heads import MedusaHeads
 from medusa_whisper.training import features, trainer, windows
-from medusa_whisper.training.trainer import IGNORE, TrainConfig, window_targets
+from medusa_whisper.training.trainer import IGNORE, HeadsTrainer, TrainConfig, window_targets
 
 from helpers import TINY_DIMS
 
@@ -139,6 +139,16 @@ def test_proposal_vocabulary_maps_ids_and_columns_both_ways():
     assert logits.shape == (2, heads.proposal_size)
     full = states @ embedding.T
     assert torch.allclose(logits, full[:, heads.proposal_ids(torch.arange(heads.proposal_size))], atol=1e-4)
+
+
+def test_the_trainer_scores_heads_over_the_same_proposal_columns(base):
+    trainer = HeadsTrainer(base, TrainConfig(num_heads=2, proposal_vocab=1000))
+    for p in trainer.heads.parameters():
+        torch.nn.init.normal_(p, std=0.05)  # not the identity, so that a head mix-up would show
+    states = torch.randn(3, base.dims.n_text_state)
+    for k in (1, 2):
+        expected = trainer.heads.proposal_logits(trainer.heads.stacks[k - 1](states), trainer.embedding)
+        assert torch.allclose(trainer.head_logits(states, k), expected, atol=1e-4)
 
 
 def test_train_cli_reports_a_bad_csv_in_one_line(tmp_path, capsys):
