@@ -24,7 +24,7 @@ from whisper.decoding import DecodingOptions, DecodingResult, DecodingTask, Logi
 from whisper.model import Whisper
 from whisper.utils import compression_ratio
 
-from .decoder import chain_mask, decoder_hidden, medusa_block_hidden, new_cache, project
+from .decoder import chain_mask, decoder_hidden, medusa_block_hidden, new_cache, project, transposed_rows
 from .heads import MedusaHeads
 
 MODES = ("lossless", "typical", "off")
@@ -156,7 +156,10 @@ def propose(heads: MedusaHeads, decoder, head_input: Tensor, num_heads: int) -> 
     head_input : shape = (1, n_state), the decoder state (or Medusa block output) there
     """
     states = heads.head_states(head_input, num_heads)  # (1, K, n_state)
-    columns = heads.proposal_logits(states, decoder.token_embedding.weight)[0].argmax(dim=-1)
+    # == heads.proposal_logits(states, embedding), through a cached contiguous copy (see transposed_rows)
+    ids = heads.proposal_ids(torch.arange(heads.proposal_size, device=states.device))
+    matrix = transposed_rows(heads, decoder.token_embedding.weight, ids, states.dtype)
+    columns = (states @ matrix)[0].argmax(dim=-1)
     return heads.proposal_ids(columns).tolist()
 
 
