@@ -36,7 +36,8 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--data", type=Path, required=True, help="held-out CSV (audio, sentence, language, voice)")
     parser.add_argument("--heads", type=int, nargs="+", default=None, help="numbers of heads to try (default: all)")
-    parser.add_argument("--modes", nargs="+", default=["lossless"], choices=["lossless", "typical"])
+    parser.add_argument("--modes", nargs="+", default=["lossless"], choices=["lossless", "typical", "off"],
+                        help="off: our decoder without heads, to separate the implementation's gain from the heads'")
     parser.add_argument("--windows", type=int, default=40, help="held-out windows to decode (default 40)")
     parser.add_argument("--window-seconds", type=float, nargs=2, default=(20.0, 28.0))
     parser.add_argument("--timestamps", action="store_true", help="decode with timestamp tokens")
@@ -55,7 +56,7 @@ def main() -> None:
     packed = windows.pack(windows.read_csv(args.data), seed=args.seed, min_seconds=args.window_seconds[0],
                           max_seconds=args.window_seconds[1])[: args.windows]
     common = dict(language=packed[0].language, fp16=False, without_timestamps=not args.timestamps)
-    systems = [(mode, k) for mode in args.modes for k in heads]
+    systems = [(mode, 0 if mode == "off" else k) for mode in args.modes for k in ([0] if mode == "off" else heads)]
 
     rows = {s: dict(tokens=0, steps=0, accepted=np.zeros(max(heads)), same=0, ratios=[], seconds=0.0) for s in systems}
     vanilla_seconds = 0.0

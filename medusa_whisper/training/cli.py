@@ -120,13 +120,15 @@ def run_train(args: argparse.Namespace) -> int:
     times["train_seconds"] = round(state.seconds, 1)
 
     (work / "history.json").write_text(json.dumps(state.history, indent=1))
-    plots.plot_history(state.history, work / "training.png", title=f"{args.base} {args.heads_type} x{args.num_heads}")
+    if plots.plot_history(state.history, work / "training.png", title=f"{args.base} {args.heads_type} x{args.num_heads}") is None:
+        print(f"no loss plot: matplotlib is not installed (pip install matplotlib); the curve is in {work / 'history.json'}",
+              file=sys.stderr)
     record = dict(
         base_model=args.base, train_config=asdict(cfg), labels=args.labels,
         data=[str(p) for p in args.data] + [str(p) for p in args.audio_dir],
         heldout=str(args.heldout) if args.heldout else None, cache=summary, steps=state.step,
         threads=torch.get_num_threads(), device=str(next(base.parameters()).device), **times,
-        final=state.history[-1] if state.history else None, command="medusa-whisper " + " ".join(sys.argv[2:]),
+        final=state.history[-1] if state.history else None, command="medusa-whisper " + " ".join(sys.argv[1:]),
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(trainer.heads_file(trained, base, args.base, record), args.out)
