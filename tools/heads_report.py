@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--proposal-vocab", type=int, default=None,
                         help="override the heads' proposal vocabulary (first N token ids + specials; 0 = all)")
-    parser.add_argument("--out", type=Path, required=True, help="writes OUT.json, OUT.md")
+    parser.add_argument("--out", type=Path, required=True, help="writes OUT.json, OUT.md (OUT may contain dots: model names do)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -99,8 +99,8 @@ def main() -> None:
     info = dict(model=args.model, data=str(args.data), proposal_vocab=model.medusa.config.proposal_vocab, timestamps=args.timestamps, threads=args.threads,
                 torch=torch.__version__, vanilla_decode_seconds=round(vanilla_seconds, 2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(dict(info=info, results=results), indent=1))
-    lines = [f"{args.model} on {len(packed)} held-out windows ({'with' if args.timestamps else 'without'} "
+    Path(f"{args.out}.json").write_text(json.dumps(dict(info=info, results=results), indent=1))
+    lines = [f"{args.model} on {len(packed)} windows of {args.data} ({'with' if args.timestamps else 'without'} "
              f"timestamps), {args.threads} threads; ratio = our decoder time / whisper.decode's (lower is faster)", "",
              "| mode | heads | tokens/step | identical | decoder-time ratio (median, p10-p90) | acceptance per head |",
              "|---|---|---|---|---|---|"]
@@ -109,7 +109,7 @@ def main() -> None:
                      f"{r['decoder_time_ratio']:.2f} ({r['ratio_spread'][0]:.2f}-{r['ratio_spread'][1]:.2f}) | "
                      f"{' '.join(f'{a:.2f}' for a in r['acceptance_per_head'])} |")
     text = "\n".join(lines)
-    args.out.with_suffix(".md").write_text(text + "\n")
+    Path(f"{args.out}.md").write_text(text + "\n")
     print(text)
 
 

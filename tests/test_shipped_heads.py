@@ -1,0 +1,46 @@
+"""The heads shipped under weights/: they load by name, stay lossless, and actually speed decoding up.
+
+Each shipped heads file decodes three of the bundled clips joined into one window (texts that
+training never saw); the output must equal whisper.decode greedy token for token and the heads must
+keep clearly more than one token per step.
+The floor (1.5) is far below what the held-out measurement in the heads' record says, so a failure
+means broken heads or a broken decoder, not noise.
+"""
+
+import pytest
+import torch
+import whisper
+
+import medusa_whisper
+from medusa_whisper import weights
+from medusa_whisper.audio import load_audio
+
+SHIPPED = [name for base in ("tiny.en", "base") for name in (f"{base}-medusa", f"{base}-medusa-block")
+           if weights.heads_file(name).is_file()]
+pytestmark = pytest.mark.skipif(not SHIPPED, reason="no heads shipped under weights/")
+
+
+@pytest.fixture(scope="module", params=SHIPPED)
+def shipped(request):
+    return request.param, medusa_whisper.load_model(request.param, device="cpu")
+
+
+def test_the_record_says_how_the_heads_were_trained_and_measured(shipped):
+    name, _ = shipped
+    record = torch.load(weights.heads_file(name), map_location="cpu", weights_only=True)["record"]
+    assert record["shipped_heads"] >= 1
+    accuracy = record["heldout_accuracy_per_head"]
+    assert len(accuracy) == record["shipped_heads"]
+    assert all(0.0 < a <= 1.0 for a in accuracy)
+    assert accuracy[0] == max(accuracy), "the nearest head should be the most accurate"
+
+
+@pytest.mark.slow
+def test_shipped_heads_are_lossless_and_accept_more_than_one_token_per_step(shipped, clips):
+    name, model = shipped
+    audio = torch.cat([torch.from_numpy(load_audio(c)) for c in clips[:3]])  # ~20 s, several sentences
+    mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(audio))
+    vanilla = whisper.decode(model, mel, whisper.DecodingOptions(language="en", fp16=False))
+    ours = medusa_whisper.decode(model, mel, whisper.DecodingOptions(language="en", fp16=False), mode="lossless")
+    assert ours.tokens == vanilla.tokens, name
+    assert ours.tokens_per_step >= 1.5, f"{name}: {ours.tokens_per_step:.2f} tokens per step"
