@@ -268,8 +268,18 @@ def _set_generation_config(config, tokenizer, dims) -> None:
 # -- building by name, and the memory probe ---------------------------------------------------------------
 
 def peak_rss_mb() -> float:
-    """This process's resident-set high-water mark (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's resident-set high-water mark in MB.
+
+    Linux's VmHWM, not ru_maxrss: ru_maxrss survives execve, so a probe started from the bench
+    (which holds every system in memory) would report the bench's own peak, the same for all.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux; elsewhere a fallback
 
 
 def probe_main(argv: Optional[List[str]] = None) -> None:
