@@ -61,7 +61,7 @@ heads: corpus
 	TRAIN_ARGS="--lr 3e-3" tools/train_heads.sh tiny.en linear 10 3
 	TRAIN_ARGS="--lr 2e-3" tools/train_heads.sh tiny.en block 10 2
 	TRAIN_ARGS="--lr 2e-3 --max-windows 320" tools/train_heads.sh base block 10 3
-	TRAIN_ARGS="--lr 3e-3 --max-windows 320" tools/train_heads.sh base linear 10 2
+	TRAIN_ARGS="--lr 3e-3 --max-windows 320" tools/train_heads.sh base linear 10 8
 
 clean:
 	rm -rf $(VENV) build *.egg-info
