@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Hashable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -137,12 +137,17 @@ def medusa_block_hidden(
     return block_forward(heads.block, hidden, cache.block_self_attn, 0, start, cross.keys[0], cross.values[0], mask)
 
 
-# (owner module, rows) -> ((weight identity and version, dtype), transposed rows)
+# owner module -> ((weight identity and version, dtype, rows_key), its transposed rows)
 _TRANSPOSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def transposed_rows(owner: nn.Module, weight: Tensor, rows: Optional[Tensor], dtype: torch.dtype) -> Tensor:
-    """``weight[rows].T`` as a contiguous (n_state, n_rows) matrix, made once per weight and dtype.
+def transposed_rows(owner: nn.Module, weight: Tensor, dtype: torch.dtype,
+                    rows: Optional[Callable[[], Tensor]] = None, rows_key: Hashable = None) -> Tensor:
+    """``weight[rows()].T`` (all rows when ``rows`` is None) as a contiguous (n_state, n_rows) matrix.
+
+    Made once per owner, weight, dtype and ``rows_key`` (what identifies the selection, e.g. the
+    size of the heads' proposal vocabulary): ``rows`` is only called then, so the per-step caller
+    pays nothing but a dictionary lookup.
 
     Differs from whisper (``x @ weight.T``): on a CPU a matmul with a few rows against the
     transposed view of the (n_vocab, n_state) embedding is about twice as slow as against a
@@ -150,14 +155,13 @@ def transposed_rows(owner: nn.Module, weight: Tensor, rows: Optional[Tensor], dt
     The copy costs one more embedding's worth of memory. On CUDA the view is as fast: no copy.
     """
     if weight.device.type != "cpu":
-        return (weight if rows is None else weight[rows]).to(dtype).T
-    key = (weight.data_ptr(), weight._version, dtype, None if rows is None else rows.numel())
-    cached = _TRANSPOSED.setdefault(owner, {}).get(key)
-    if cached is None:
-        chosen = weight.detach() if rows is None else weight.detach()[rows]
-        cached = chosen.to(dtype).T.contiguous()
-        _TRANSPOSED[owner] = {key: cached}  # only the latest: a changed weight drops the old copy
-    return cached
+        return (weight if rows is None else weight[rows()]).to(dtype).T
+    key = (weight.data_ptr(), weight._version, dtype, rows_key)
+    cached = _TRANSPOSED.get(owner)
+    if cached is None or cached[0] != key:  # only the latest: a changed weight drops the old copy
+        chosen = weight.detach() if rows is None else weight.detach()[rows()]
+        cached = _TRANSPOSED[owner] = (key, chosen.to(dtype).T.contiguous())
+    return cached[1]
 
 
 def project(decoder: TextDecoder, states: Tensor) -> Tensor:
@@ -165,4 +169,4 @@ def project(decoder: TextDecoder, states: Tensor) -> Tensor:
 
     states : shape = (..., n_state) -> (..., n_vocab)
     """
-    return (states @ transposed_rows(decoder, decoder.token_embedding.weight, None, states.dtype)).float()
+    return (states @ transposed_rows(decoder, decoder.token_embedding.weight, states.dtype)).float()

@@ -157,8 +157,9 @@ def propose(heads: MedusaHeads, decoder, head_input: Tensor, num_heads: int) -> 
     """
     states = heads.head_states(head_input, num_heads)  # (1, K, n_state)
     # == heads.proposal_logits(states, embedding), through a cached contiguous copy (see transposed_rows)
-    ids = heads.proposal_ids(torch.arange(heads.proposal_size, device=states.device))
-    matrix = transposed_rows(heads, decoder.token_embedding.weight, ids, states.dtype)
+    embedding = decoder.token_embedding.weight
+    matrix = transposed_rows(heads, embedding, states.dtype, lambda: heads.proposal_token_ids(embedding.device),
+                             rows_key=heads.proposal_size)
     columns = (states @ matrix)[0].argmax(dim=-1)
     return heads.proposal_ids(columns).tolist()
 

@@ -152,6 +152,10 @@ class MedusaHeads(nn.Module):
         n = self.shortlist
         return columns if n is None else torch.where(columns < n, columns, columns - n + self.first_special)
 
+    def proposal_token_ids(self, device=None) -> Tensor:
+        """Token ids of every proposal-vocabulary column, in column order."""
+        return self.proposal_ids(torch.arange(self.proposal_size, device=device))
+
     def proposal_columns(self, token_ids: Tensor, ignore_index: int = -100) -> Tensor:
         """Columns of token ids in the proposal vocabulary; ``ignore_index`` where a token is outside it."""
         n = self.shortlist

@@ -56,7 +56,7 @@ def main() -> None:
     packed = windows.pack(windows.read_csv(args.data), seed=args.seed, min_seconds=args.window_seconds[0],
                           max_seconds=args.window_seconds[1])[: args.windows]
     common = dict(language=packed[0].language, fp16=False, without_timestamps=not args.timestamps)
-    systems = [(mode, 0 if mode == "off" else k) for mode in args.modes for k in ([0] if mode == "off" else heads)]
+    systems = [(mode, k) for mode in args.modes for k in ([0] if mode == "off" else heads)]  # off: no heads
 
     rows = {s: dict(tokens=0, steps=0, accepted=np.zeros(max(heads)), same=0, ratios=[], seconds=0.0) for s in systems}
     vanilla_seconds = 0.0

@@ -119,8 +119,7 @@ class HeadsTrainer(nn.Module):
         self.embedding = model.decoder.token_embedding.weight.detach().float()
         # the proposal vocabulary's rows, gathered once: one contiguous matmul per head is ~20 %
         # faster than two matmuls over slices and a concatenation of their logits
-        ids = self.heads.proposal_ids(torch.arange(self.heads.proposal_size))
-        self.proposal_embedding = self.embedding[ids].contiguous()
+        self.proposal_embedding = self.embedding[self.heads.proposal_token_ids()].contiguous()
         self.mask = model.decoder.mask
         self.ln = model.decoder.ln
         for p in self.ln.parameters():
