@@ -1,38 +1,60 @@
-"""``model.transcribe``: openai-whisper's long-form algorithm with Medusa decoding in each window.
+"""``model.transcribe``: audio of any length, with Medusa decoding in every 30-s window.
 
-whisper.transcribe calls ``model.decode(mel_segment, options)`` once per 30-s window (and again on
-temperature fallback). It is handed a thin proxy of the model whose ``decode`` is Medusa's, so the
-windowing, prompts, fallback and timestamp logic are whisper's own, and the model itself is never
-mutated (two threads may transcribe with one model).
+The algorithm is openai-whisper's long-form transcription (``whisper.transcribe``), with the same
+options and the same results: windows advanced by the decoded timestamps, temperature fallback on
+compression ratio and average log-probability, no-speech skipping, the previous text as prompt,
+word timestamps through whisper's own alignment, and the hallucination-silence skip. Tests check
+that in lossless mode segments, text and timestamps equal whisper.transcribe's.
+
+Where it departs from whisper.transcribe, and why:
+- the spectrogram is computed a window at a time (``LogMelFrames``) from audio decoded block by block
+  (``open_audio``), so memory stays flat however long the file is;
+- each window is decoded by ``medusa_whisper.decode`` (greedy windows with the heads; sampled
+  fallback windows with whisper's own decoder);
+- the nested loop over clips and windows is written out (whisper flattens it), and the progress
+  bar counts seconds of audio instead of frames;
+- the result has a ``medusa`` entry: tokens, decoder steps, tokens per step, fallback windows, times.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-import whisper
+import tqdm
+from whisper.audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, pad_or_trim
 from whisper.decoding import DecodingOptions
+from whisper.timing import add_word_timestamps
+from whisper.tokenizer import LANGUAGES, Tokenizer, get_tokenizer
+from whisper.utils import format_timestamp, get_end, make_safe
 
-from .decoding import MedusaDecodingOptions, as_medusa_options, decode
+from .audio import AudioInput, open_audio
+from .decoding import MedusaDecodingOptions, MedusaDecodingResult, as_medusa_options, decode
+from .mel import LogMelFrames
 
 # options that exist in MedusaDecodingOptions but not in whisper's DecodingOptions
 MEDUSA_ONLY_OPTIONS = {f.name for f in fields(MedusaDecodingOptions)} - {f.name for f in fields(DecodingOptions)}
+DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+PREPEND_PUNCTUATIONS = "\"'“¿([{-"
+APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
+# words made only of these do not count in the hallucination score (whisper's list)
+PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
 
 
 @dataclass
 class TranscriptionStats:
     windows: int = 0
+    fallback_windows: int = 0
     tokens: int = 0
     decoder_steps: int = 0
     encode_seconds: float = 0.0
     decode_seconds: float = 0.0
 
-    def add(self, result) -> None:
-        self.windows += 1
+    def add(self, result: MedusaDecodingResult) -> None:
         self.tokens += result.tokens_produced
         self.decoder_steps += result.decoder_steps
         self.encode_seconds += result.encode_seconds
@@ -40,46 +62,355 @@ class TranscriptionStats:
 
     def as_dict(self) -> dict:
         steps = self.decoder_steps
-        return dict(windows=self.windows, tokens=self.tokens, decoder_steps=steps,
-                    tokens_per_step=self.tokens / steps if steps else 0.0,
+        return dict(windows=self.windows, fallback_windows=self.fallback_windows, tokens=self.tokens,
+                    decoder_steps=steps, tokens_per_step=self.tokens / steps if steps else 0.0,
                     encode_seconds=self.encode_seconds, decode_seconds=self.decode_seconds)
 
 
-class _MedusaDecodingProxy:
-    """Looks like the model to whisper.transcribe, but decodes with Medusa."""
+@dataclass
+class _Thresholds:
+    compression_ratio: Optional[float]
+    logprob: Optional[float]
+    no_speech: Optional[float]
 
-    def __init__(self, model, medusa_options: dict, stats: TranscriptionStats):
-        self._model, self._medusa_options, self._stats = model, medusa_options, stats
+    def needs_fallback(self, result) -> bool:
+        too_repetitive = self.compression_ratio is not None and result.compression_ratio > self.compression_ratio
+        too_improbable = self.logprob is not None and result.avg_logprob < self.logprob
+        if too_improbable and self.no_speech is not None and result.no_speech_prob > self.no_speech:
+            return False  # silence: whisper accepts it whatever the compression ratio
+        return too_repetitive or too_improbable
 
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def __call__(self, *args, **kwargs):
-        return self._model(*args, **kwargs)
-
-    def decode(self, mel, options: DecodingOptions = DecodingOptions(), **kwargs):
-        result = decode(self._model, mel, as_medusa_options(options, **kwargs, **self._medusa_options))
-        for r in result if isinstance(result, list) else [result]:
-            self._stats.add(r)
-        return result
+    def is_silence(self, result) -> bool:
+        if self.no_speech is None or result.no_speech_prob <= self.no_speech:
+            return False
+        # a confident transcript is kept whatever the no-speech probability says
+        return not (self.logprob is not None and result.avg_logprob > self.logprob)
 
 
-def transcribe(model, audio: Union[str, Path, np.ndarray, torch.Tensor], **options) -> dict:
-    """Transcribe audio of any length; returns whisper's dict plus a ``medusa`` entry of statistics.
-
-    options : whisper.transcribe's keyword arguments, plus MedusaDecodingOptions' own fields
-              (``mode``, ``num_heads``, ``typical_epsilon``, ``typical_alpha``, ``regulation_start``,
-              ``regulation_factor``)
-    """
-    medusa_options = {k: options.pop(k) for k in list(options) if k in MEDUSA_ONLY_OPTIONS}
-    as_medusa_options(MedusaDecodingOptions(), **medusa_options)  # reject bad values before any work
-    if isinstance(audio, (str, Path)):
-        from .audio import load_audio
-
-        audio = load_audio(audio)
-    if model.device.type == "cpu":
-        options.setdefault("fp16", False)  # whisper would warn and fall back to fp32 anyway
-    stats = TranscriptionStats()
-    result = whisper.transcribe(_MedusaDecodingProxy(model, medusa_options, stats), audio, **options)
-    result["medusa"] = stats.as_dict()
+def _decode_with_fallback(model, mel_segment: torch.Tensor, decode_options: dict, medusa_options: dict,
+                          temperatures: Sequence[float], thresholds: _Thresholds,
+                          stats: TranscriptionStats) -> MedusaDecodingResult:
+    """Decode at each temperature in turn until the result passes the thresholds (whisper's rule)."""
+    result = None
+    for i, t in enumerate(temperatures):
+        kwargs = dict(decode_options)
+        if t > 0:
+            kwargs.pop("beam_size", None)  # sampling: no beam search
+            kwargs.pop("patience", None)
+        else:
+            kwargs.pop("best_of", None)
+        options = as_medusa_options(DecodingOptions(**kwargs, temperature=t), **medusa_options)
+        result = decode(model, mel_segment, options)
+        stats.add(result)
+        stats.fallback_windows += i == 1
+        if not thresholds.needs_fallback(result):
+            break
     return result
+
+
+def _new_segment(seek: int, start: float, end: float, tokens: List[int], result, tokenizer: Tokenizer) -> dict:
+    return {
+        "seek": seek,
+        "start": start,
+        "end": end,
+        "text": tokenizer.decode([t for t in tokens if t < tokenizer.eot]),
+        "tokens": tokens,
+        "temperature": result.temperature,
+        "avg_logprob": result.avg_logprob,
+        "compression_ratio": result.compression_ratio,
+        "no_speech_prob": result.no_speech_prob,
+    }
+
+
+def _split_at_timestamps(result, tokenizer: Tokenizer, seek: int, segment_size: int,
+                         time_precision: float, input_stride: int) -> Tuple[List[dict], int, bool]:
+    """The window's segments, where the next window starts, and whether it ended on one timestamp.
+
+    Two timestamps in a row close a segment. An unfinished last segment is dropped and decoded
+    again in the next window, which starts at its opening timestamp.
+    """
+    tokens = list(result.tokens)
+    time_offset = seek * HOP_LENGTH / SAMPLE_RATE
+    is_stamp = [t >= tokenizer.timestamp_begin for t in tokens]
+    single_timestamp_ending = is_stamp[-2:] == [False, True]
+    cuts = [i + 1 for i in range(len(tokens) - 1) if is_stamp[i] and is_stamp[i + 1]]
+
+    if not cuts:
+        # no complete segment: the whole window is one, ending at its last timestamp if any
+        duration = segment_size * HOP_LENGTH / SAMPLE_RATE
+        stamps = [t for t, s in zip(tokens, is_stamp) if s]
+        if stamps and stamps[-1] != tokenizer.timestamp_begin:
+            duration = (stamps[-1] - tokenizer.timestamp_begin) * time_precision
+        return ([_new_segment(seek, time_offset, time_offset + duration, tokens, result, tokenizer)],
+                seek + segment_size, single_timestamp_ending)
+
+    if single_timestamp_ending:
+        cuts.append(len(tokens))
+    segments, last = [], 0
+    for cut in cuts:
+        piece = tokens[last:cut]
+        start = time_offset + (piece[0] - tokenizer.timestamp_begin) * time_precision
+        end = time_offset + (piece[-1] - tokenizer.timestamp_begin) * time_precision
+        segments.append(_new_segment(seek, start, end, piece, result, tokenizer))
+        last = cut
+    if single_timestamp_ending:
+        next_seek = seek + segment_size  # nothing is said after the last timestamp
+    else:
+        next_seek = seek + (tokens[last - 1] - tokenizer.timestamp_begin) * input_stride
+    return segments, next_seek, single_timestamp_ending
+
+
+def _word_anomaly_score(word: dict) -> float:
+    """How unlike a real word it is: improbable, too short or too long."""
+    score = 0.0
+    if word.get("probability", 0.0) < 0.15:
+        score += 1.0
+    duration = word["end"] - word["start"]
+    if duration < 0.133:
+        score += (0.133 - duration) * 15
+    if duration > 2.0:
+        score += duration - 2.0
+    return score
+
+
+def _is_anomaly(segment: Optional[dict]) -> bool:
+    if segment is None or not segment["words"]:
+        return False
+    words = [w for w in segment["words"] if w["word"] not in PUNCTUATION][:8]
+    score = sum(_word_anomaly_score(w) for w in words)
+    return score >= 3 or score + 0.01 >= len(words)
+
+
+def _first_with_words(segments: Sequence[dict]) -> Optional[dict]:
+    return next((s for s in segments if s["words"]), None)
+
+
+@dataclass
+class _Window:
+    seek: int  # first frame
+    size: int  # frames of audio in it (the rest is padding)
+
+    @property
+    def start_time(self) -> float:
+        return self.seek * HOP_LENGTH / SAMPLE_RATE
+
+    @property
+    def end_time(self) -> float:  # of the full 30 s, as whisper counts it
+        return (self.seek + N_FRAMES) * HOP_LENGTH / SAMPLE_RATE
+
+    @property
+    def duration(self) -> float:
+        return self.size * HOP_LENGTH / SAMPLE_RATE
+
+
+def _skip_hallucinations(segments: List[dict], window: _Window, next_seek: int, single_timestamp_ending: bool,
+                         threshold: float, last_speech_timestamp: float,
+                         content_duration: float, content_frames: int) -> Tuple[int, bool]:
+    """whisper's ``hallucination_silence_threshold``: skip long silences next to suspect segments.
+
+    Truncates ``segments`` in place; returns the next seek and whether the window is dropped whole.
+    """
+    if not single_timestamp_ending:
+        last_word_end = get_end(segments)
+        if last_word_end is not None and last_word_end > window.start_time:
+            if window.end_time - last_word_end > threshold:
+                next_seek = round(last_word_end * FRAMES_PER_SECOND)
+            else:
+                next_seek = window.seek + window.size
+
+    # a suspect first segment after a long gap: decode again from where it starts
+    first = _first_with_words(segments)
+    if first is not None and _is_anomaly(first):
+        gap = first["start"] - window.start_time
+        if gap > threshold:
+            return window.seek + round(gap * FRAMES_PER_SECOND), True
+
+    # a suspect segment with silence (or more suspects) on both sides: drop it and what follows
+    previous_end = last_speech_timestamp
+    for i, segment in enumerate(segments):
+        if not segment["words"]:
+            continue
+        if _is_anomaly(segment):
+            following = _first_with_words(segments[i + 1 :])
+            next_start = following["words"][0]["start"] if following is not None else window.start_time + window.duration
+            silence_before = (segment["start"] - previous_end > threshold or segment["start"] < threshold
+                              or segment["start"] - window.start_time < 2.0)
+            silence_after = (next_start - segment["end"] > threshold or _is_anomaly(following)
+                             or window.end_time - segment["end"] < 2.0)
+            if silence_before and silence_after:
+                next_seek = round(max(window.start_time + 1, segment["start"]) * FRAMES_PER_SECOND)
+                if content_duration - segment["end"] < threshold:
+                    next_seek = content_frames
+                del segments[i:]
+                break
+        previous_end = segment["end"]
+    return next_seek, False
+
+
+def _clips(clip_timestamps: Union[str, List[float]], content_frames: int) -> List[Tuple[int, int]]:
+    """(start, end) frame pairs to transcribe; an odd last start runs to the end of the audio."""
+    if isinstance(clip_timestamps, str):
+        clip_timestamps = [float(t) for t in clip_timestamps.split(",")] if clip_timestamps else []
+    points = [round(t * FRAMES_PER_SECOND) for t in clip_timestamps] or [0]
+    if len(points) % 2:
+        points.append(content_frames)
+    return list(zip(points[::2], points[1::2]))
+
+
+def transcribe(
+    model,
+    audio: Union[AudioInput, Path],
+    *,
+    verbose: Optional[bool] = None,
+    temperature: Union[float, Tuple[float, ...]] = DEFAULT_TEMPERATURES,
+    compression_ratio_threshold: Optional[float] = 2.4,
+    logprob_threshold: Optional[float] = -1.0,
+    no_speech_threshold: Optional[float] = 0.6,
+    condition_on_previous_text: bool = True,
+    initial_prompt: Optional[str] = None,
+    carry_initial_prompt: bool = False,
+    word_timestamps: bool = False,
+    prepend_punctuations: str = PREPEND_PUNCTUATIONS,
+    append_punctuations: str = APPEND_PUNCTUATIONS,
+    clip_timestamps: Union[str, List[float]] = "0",
+    hallucination_silence_threshold: Optional[float] = None,
+    progress: Optional[Callable[..., tqdm.tqdm]] = None,
+    **decode_options,
+) -> dict:
+    """Transcribe audio of any length, as ``whisper.transcribe`` does, with Medusa decoding.
+
+    audio    : a path (decoded block by block; memory stays flat), or samples at 16 kHz
+    options  : whisper.transcribe's, with the same meaning and defaults; ``decode_options`` may also
+               hold MedusaDecodingOptions' own fields (``mode``, ``num_heads``, ...)
+    progress : makes the progress bar, called like ``tqdm.tqdm(total=..., unit="s")``; by default
+               a bar is shown when ``verbose`` is False, as whisper does
+    returns  : whisper's dict (``text``, ``segments``, ``language``) plus ``medusa`` statistics
+    """
+    medusa_options = {k: decode_options.pop(k) for k in list(decode_options) if k in MEDUSA_ONLY_OPTIONS}
+    as_medusa_options(MedusaDecodingOptions(), **medusa_options)  # reject bad values before any work
+
+    dtype = torch.float16 if decode_options.get("fp16", True) else torch.float32
+    if model.device.type == "cpu":
+        if dtype == torch.float16:
+            dtype = torch.float32  # whisper warns about this; on a CPU fp32 is simply the right default
+    if dtype == torch.float32:
+        decode_options["fp16"] = False
+
+    with open_audio(audio) as samples:
+        mel = LogMelFrames(samples, model.dims.n_mels)
+        return _transcribe_frames(
+            model, mel, verbose=verbose, temperatures=[temperature] if isinstance(temperature, (int, float)) else list(temperature),
+            thresholds=_Thresholds(compression_ratio_threshold, logprob_threshold, no_speech_threshold),
+            condition_on_previous_text=condition_on_previous_text, initial_prompt=initial_prompt,
+            carry_initial_prompt=carry_initial_prompt, word_timestamps=word_timestamps,
+            punctuations=(prepend_punctuations, append_punctuations), clip_timestamps=clip_timestamps,
+            hallucination_silence_threshold=hallucination_silence_threshold, progress=progress, dtype=dtype,
+            decode_options=decode_options, medusa_options=medusa_options)
+
+
+def _transcribe_frames(model, mel: LogMelFrames, *, verbose, temperatures, thresholds: _Thresholds,
+                       condition_on_previous_text, initial_prompt, carry_initial_prompt, word_timestamps,
+                       punctuations, clip_timestamps, hallucination_silence_threshold, progress, dtype,
+                       decode_options: dict, medusa_options: dict) -> dict:
+    content_frames = mel.content_frames
+    content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
+    stats = TranscriptionStats()
+
+    def window_mel(seek: int, size: int) -> torch.Tensor:
+        return pad_or_trim(mel.frames(seek, seek + size), N_FRAMES).to(model.device).to(dtype)
+
+    if decode_options.get("language") is None:
+        if not model.is_multilingual:
+            decode_options["language"] = "en"
+        else:
+            if verbose:
+                print("Detecting language using up to the first 30 seconds. Use `--language` to specify the language")
+            _, probs = model.detect_language(window_mel(0, N_FRAMES))
+            decode_options["language"] = max(probs, key=probs.get)
+            if verbose is not None:
+                print(f"Detected language: {LANGUAGES[decode_options['language']].title()}")
+    language = decode_options["language"]
+    task = decode_options.get("task", "transcribe")
+    tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language, task=task)
+    if word_timestamps and task == "translate":
+        warnings.warn("Word-level timestamps on translations may not be reliable.")
+
+    input_stride = N_FRAMES // model.dims.n_audio_ctx  # mel frames per output timestamp step: 2
+    time_precision = input_stride * HOP_LENGTH / SAMPLE_RATE  # seconds per timestamp step: 0.02
+    all_tokens: List[int] = []
+    all_segments: List[dict] = []
+    prompt_reset_since = 0
+    remaining_prompt_length = model.dims.n_text_ctx // 2 - 1
+    initial_prompt_tokens: List[int] = []
+    if initial_prompt is not None:
+        initial_prompt_tokens = tokenizer.encode(" " + initial_prompt.strip())
+        all_tokens.extend(initial_prompt_tokens)
+        remaining_prompt_length -= len(initial_prompt_tokens)
+
+    make_bar = progress or (lambda **kw: tqdm.tqdm(**kw, disable=verbose is not False))
+    last_speech_timestamp = 0.0
+    with make_bar(total=round(content_duration, 2), unit="s") as bar:
+        for clip_start, clip_end in _clips(clip_timestamps, content_frames):
+            seek = clip_start
+            while seek < clip_end:
+                window = _Window(seek, min(N_FRAMES, content_frames - seek, clip_end - seek))
+                mel_segment = window_mel(window.seek, window.size)
+
+                if carry_initial_prompt:
+                    carried = all_tokens[max(len(initial_prompt_tokens), prompt_reset_since):]
+                    carried = carried[-remaining_prompt_length:] if remaining_prompt_length > 0 else []
+                    decode_options["prompt"] = initial_prompt_tokens + carried
+                else:
+                    decode_options["prompt"] = all_tokens[prompt_reset_since:]
+
+                stats.windows += 1
+                result = _decode_with_fallback(model, mel_segment, decode_options, medusa_options,
+                                               temperatures, thresholds, stats)
+                if thresholds.is_silence(result):
+                    seek += window.size  # fast-forward to the next window
+                    bar.update(_seconds(window.size))
+                    continue
+
+                segments, seek, single_timestamp_ending = _split_at_timestamps(
+                    result, tokenizer, window.seek, window.size, time_precision, input_stride)
+
+                if word_timestamps:
+                    add_word_timestamps(segments=segments, model=model, tokenizer=tokenizer, mel=mel_segment,
+                                        num_frames=window.size, prepend_punctuations=punctuations[0],
+                                        append_punctuations=punctuations[1],
+                                        last_speech_timestamp=last_speech_timestamp)
+                    if not single_timestamp_ending:
+                        last_word_end = get_end(segments)
+                        if last_word_end is not None and last_word_end > window.start_time:
+                            seek = round(last_word_end * FRAMES_PER_SECOND)
+                    if hallucination_silence_threshold is not None:
+                        seek, drop_window = _skip_hallucinations(
+                            segments, window, seek, single_timestamp_ending, hallucination_silence_threshold,
+                            last_speech_timestamp, content_duration, content_frames)
+                        if drop_window:
+                            continue
+                    last_word_end = get_end(segments)
+                    if last_word_end is not None:
+                        last_speech_timestamp = last_word_end
+
+                if verbose:
+                    for s in segments:
+                        print(make_safe(f"[{format_timestamp(s['start'])} --> {format_timestamp(s['end'])}] {s['text']}"))
+
+                # an instantaneous or empty segment is kept, but emptied
+                for s in segments:
+                    if s["start"] == s["end"] or s["text"].strip() == "":
+                        s["text"], s["tokens"], s["words"] = "", [], []
+
+                all_segments.extend({"id": i, **s} for i, s in enumerate(segments, start=len(all_segments)))
+                all_tokens.extend(t for s in segments for t in s["tokens"])
+                if not condition_on_previous_text or result.temperature > 0.5:
+                    prompt_reset_since = len(all_tokens)  # no prompt after a high-temperature window
+                bar.update(_seconds(min(content_frames, seek) - window.seek))
+
+    return dict(text=tokenizer.decode(all_tokens[len(initial_prompt_tokens):]), segments=all_segments,
+                language=language, medusa=stats.as_dict())
+
+
+def _seconds(frames: int) -> float:
+    return round(frames * HOP_LENGTH / SAMPLE_RATE, 2)

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Build one long recording from short clips, with pauses, for long-form tests and measurements.
+
+Clips are drawn in a seeded random order (each used before any repeats) and joined by pauses of
+0.2-3 s; every ``--long-pause-every`` clips a silence of ``--long-pause`` seconds is inserted, so
+that some 30-s windows hold no speech at all (whisper's no-speech path). A little noise is added
+to the silences, as a real room would have. Writes OUT (FLAC, 16 kHz mono) and OUT.txt, the
+clips' sentences in order when a CSV with a ``sentence`` column is given.
+
+    python tools/make_long_audio.py --csv data/real/real.csv --minutes 10 --out data/long/real_10min.flac
+    python tools/make_long_audio.py tests/data/*.flac --minutes 5 --out /tmp/long.flac
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import soundfile as sf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from medusa_whisper.audio import SAMPLE_RATE, load_audio  # noqa: E402
+
+
+def read_clips(files: Sequence[Path], csv_path: Optional[Path]) -> List[Tuple[Path, str]]:
+    clips = [(Path(f), "") for f in files]
+    if csv_path is not None:
+        with open(csv_path, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                clips.append((csv_path.parent / row["audio"], row.get("sentence", "")))
+    return clips
+
+
+def build(clips: Sequence[Tuple[Path, str]], minutes: float, seed: int = 0, long_pause: float = 40.0,
+          long_pause_every: int = 25, noise_db: float = -60.0) -> Tuple[np.ndarray, List[str]]:
+    """Samples (float32, 16 kHz) of at least ``minutes`` minutes, and the sentences in order."""
+    rng = np.random.default_rng(seed)
+    target = int(minutes * 60 * SAMPLE_RATE)
+    pieces, sentences, total, used = [], [], 0, 0
+    noise_amplitude = 10 ** (noise_db / 20)
+
+    def silence(seconds: float) -> np.ndarray:
+        return (rng.standard_normal(int(seconds * SAMPLE_RATE)) * noise_amplitude).astype(np.float32)
+
+    while total < target:
+        for index in rng.permutation(len(clips)):
+            path, sentence = clips[index]
+            samples = load_audio(path)
+            peak = float(np.abs(samples).max())
+            pieces += [samples * (0.5 / peak if peak > 0 else 1.0), silence(rng.uniform(0.2, 3.0))]
+            sentences.append(sentence)
+            used += 1
+            if long_pause_every and used % long_pause_every == 0:
+                pieces.append(silence(long_pause))
+            total = sum(len(p) for p in pieces)
+            if total >= target:
+                break
+    return np.concatenate(pieces).astype(np.float32), sentences
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="*", type=Path, help="audio clips")
+    parser.add_argument("--csv", type=Path, default=None, help="a CSV with columns audio (relative to it) and sentence")
+    parser.add_argument("--minutes", type=float, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="FLAC file to write")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--long-pause", type=float, default=40.0, metavar="SECONDS")
+    parser.add_argument("--long-pause-every", type=int, default=25, metavar="CLIPS")
+    args = parser.parse_args(argv)
+    clips = read_clips(args.files, args.csv)
+    if not clips:
+        parser.error("give audio files or --csv")
+    samples, sentences = build(clips, args.minutes, args.seed, args.long_pause, args.long_pause_every)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(args.out, samples, SAMPLE_RATE, subtype="PCM_16")
+    if any(sentences):
+        args.out.with_suffix(".txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}: {len(samples) / SAMPLE_RATE / 60:.1f} min from {len(sentences)} clips")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
