@@ -11,8 +11,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 from tqdm import tqdm
 
 from .decoding import MODES
@@ -20,7 +21,10 @@ from .errors import MedusaWhisperError
 
 PROG = "medusa-whisper"
 # result["medusa"] entries copied into each file's JSON output
-STAT_FIELDS = ("tokens", "decoder_steps", "tokens_per_step", "encode_seconds", "decode_seconds")
+STAT_FIELDS = ("windows", "fallback_windows", "tokens", "decoder_steps", "tokens_per_step", "encode_seconds",
+               "decode_seconds")
+# whisper's writers, plus our own json (a superset of whisper's: Medusa statistics added)
+OUTPUT_FORMATS = ("txt", "vtt", "srt", "tsv", "json")
 
 
 def _error(message: object) -> None:
@@ -38,6 +42,22 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _optional_float(text: str) -> Optional[float]:
+    if text.lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or none, got {text!r}") from None
+
+
+def _bool(text: str) -> bool:
+    value = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected True or False, got {text!r}")
     return value
 
 
@@ -73,12 +93,40 @@ def build_parser() -> argparse.ArgumentParser:
                    help="spoken language, e.g. en (default: detected)")
     t.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cuda when available")
-    t.add_argument("--output-format", choices=("txt", "json"), default="txt",
-                   help="format of the files written to --output-dir (default: txt)")
+    t.add_argument("--output-format", choices=OUTPUT_FORMATS + ("all",), default="txt",
+                   help="format of the files written to --output-dir; all: every one (default: txt)")
     t.add_argument("--output-dir", type=Path, default=None, metavar="DIR",
-                   help="also write <stem>.txt or <stem>.json here for each file")
+                   help="also write <stem>.<format> here for each file")
     t.add_argument("--threads", type=_positive_int, default=None, metavar="N",
                    help="CPU threads for torch")
+    t.add_argument("--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
+
+    long_form = t.add_argument_group("long audio (whisper.transcribe's options, same defaults)")
+    long_form.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
+    long_form.add_argument("--temperature", type=float, default=0.0,
+                           help="temperature of the first decode of each window (0: greedy, Medusa)")
+    long_form.add_argument("--temperature-increment-on-fallback", type=_optional_float, default=0.2, metavar="T",
+                           help="retry a failed window at temperatures this much higher, up to 1.0; none: no retry")
+    long_form.add_argument("--compression-ratio-threshold", type=_optional_float, default=2.4, metavar="X")
+    long_form.add_argument("--logprob-threshold", type=_optional_float, default=-1.0, metavar="X")
+    long_form.add_argument("--no-speech-threshold", type=_optional_float, default=0.6, metavar="X")
+    long_form.add_argument("--condition-on-previous-text", type=_bool, default=True, metavar="BOOL",
+                           help="prompt each window with the text before it (default: True)")
+    long_form.add_argument("--initial-prompt", default=None, metavar="TEXT", help="prompt for the first window")
+    long_form.add_argument("--carry-initial-prompt", action="store_true",
+                           help="put --initial-prompt before the prompt of every window")
+    long_form.add_argument("--clip-timestamps", default="0", metavar="START,END,...",
+                           help="only these stretches, in seconds (default: all)")
+    long_form.add_argument("--word-timestamps", action="store_true",
+                           help="word-level timestamps through whisper's cross-attention alignment")
+    long_form.add_argument("--hallucination-silence-threshold", type=_optional_float, default=None, metavar="S",
+                           help="with --word-timestamps: skip silences longer than S seconds around "
+                                "suspected hallucinations")
+    writer = t.add_argument_group("subtitles (srt, vtt), with --word-timestamps")
+    writer.add_argument("--highlight-words", action="store_true", help="underline each word as it is spoken")
+    writer.add_argument("--max-line-width", type=_positive_int, default=None, metavar="CHARS")
+    writer.add_argument("--max-line-count", type=_positive_int, default=None, metavar="LINES")
+    writer.add_argument("--max-words-per-line", type=_positive_int, default=None, metavar="WORDS")
     t.set_defaults(run=_transcribe)
 
     c = commands.add_parser("convert", help="convert weights into a whisper .pt checkpoint",
@@ -145,10 +193,18 @@ def _transcribe(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         _error("--device cuda: CUDA is not available on this machine")
         return 1
-    clash = _output_clash(args.audio, "." + args.output_format) if args.output_dir is not None else None
-    if clash:
-        _error(clash)
+    if args.output_dir is not None:
+        clash = _output_clash(args.audio, _formats(args.output_format))
+        if clash:
+            _error(clash)
+            return 2
+    if args.hallucination_silence_threshold is not None and not args.word_timestamps:
+        _error("--hallucination-silence-threshold needs --word-timestamps")
         return 2
+    for flag in ("highlight_words", "max_line_width", "max_line_count", "max_words_per_line"):
+        if getattr(args, flag) not in (None, False) and not args.word_timestamps:
+            _error(f"--{flag.replace('_', '-')} needs --word-timestamps")
+            return 2
 
     # Files that cannot be opened fail before the model is loaded (which may take a while or
     # need a download); decoding waits for each file's turn, so a long batch is never all in memory.
@@ -171,19 +227,38 @@ def _transcribe(args: argparse.Namespace) -> int:
             return 1
     model = medusa_whisper.load_model(args.model or medusa_whisper.DEFAULT_MODEL, device=args.device)
 
-    progress = tqdm(paths, unit="file", file=sys.stderr, disable=len(paths) < 2 or not sys.stderr.isatty())
-    for path in progress:
-        failed += not _transcribe_file(model, path, args, show_path=len(args.audio) > 1)
+    show_bars = sys.stderr.isatty()
+    files_bar = tqdm(paths, unit="file", file=sys.stderr, disable=len(paths) < 2 or not show_bars)
+    for path in files_bar:
+        failed += not _transcribe_file(model, path, args, show_path=len(args.audio) > 1, show_bar=show_bars)
     return 1 if failed else 0
 
 
-def _transcribe_file(model, path: str, args: argparse.Namespace, show_path: bool) -> bool:
+def transcribe_options(args: argparse.Namespace) -> dict:
+    """model.transcribe's keyword arguments from the command line (whisper's CLI rules)."""
+    if args.temperature_increment_on_fallback is not None:
+        steps = np.arange(args.temperature, 1.0 + 1e-6, args.temperature_increment_on_fallback)
+        temperature = tuple(round(float(t), 6) for t in steps)  # 0.6, not whisper's 0.6000000000000001
+    else:
+        temperature = (args.temperature,)
+    return dict(mode=args.mode, num_heads=args.num_heads, language=args.language, task=args.task,
+                temperature=temperature, compression_ratio_threshold=args.compression_ratio_threshold,
+                logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
+                condition_on_previous_text=args.condition_on_previous_text, initial_prompt=args.initial_prompt,
+                carry_initial_prompt=args.carry_initial_prompt, clip_timestamps=args.clip_timestamps,
+                word_timestamps=args.word_timestamps,
+                hallucination_silence_threshold=args.hallucination_silence_threshold)
+
+
+def _transcribe_file(model, path: str, args: argparse.Namespace, show_path: bool, show_bar: bool) -> bool:
     """Print (and write) one file's transcript; a failure is one error line and False."""
-    from .audio import load_audio
+
+    def file_bar(**kwargs):
+        return tqdm(**kwargs, desc=Path(path).name, file=sys.stderr, position=1 if show_path else 0,
+                    leave=False, disable=not show_bar)
 
     try:
-        audio = load_audio(path)
-        result = model.transcribe(audio, mode=args.mode, language=args.language)
+        result = model.transcribe(path, progress=file_bar, **transcribe_options(args))
     except MedusaWhisperError as e:
         _error(e)
         return False
@@ -191,12 +266,13 @@ def _transcribe_file(model, path: str, args: argparse.Namespace, show_path: bool
     _write(f"{path}: {text}" if show_path else text, sys.stdout)
     if args.output_dir is None:
         return True
-    out = args.output_dir / (Path(path).stem + "." + args.output_format)
-    try:
-        _write_output(out, path, result, args.output_format)
-    except OSError as e:
-        _error(f"{out}: cannot write ({e.strerror or e})")
-        return False
+    for output_format in _formats(args.output_format):
+        out = args.output_dir / (Path(path).stem + "." + output_format)
+        try:
+            _write_output(out, path, result, output_format, args)
+        except OSError as e:
+            _error(f"{out}: cannot write ({e.strerror or e})")
+            return False
     return True
 
 
@@ -232,14 +308,18 @@ def _eval(args: argparse.Namespace) -> int:
     return 1 if report.problems else 0
 
 
-def _output_clash(paths: List[str], extension: str) -> Optional[str]:
+def _formats(output_format: str) -> Tuple[str, ...]:
+    return OUTPUT_FORMATS if output_format == "all" else (output_format,)
+
+
+def _output_clash(paths: List[str], formats: Sequence[str]) -> Optional[str]:
     """Two inputs of one stem would overwrite each other's output file: say so before any work."""
     seen = {}
     for path in paths:
-        name = Path(path).stem + extension
-        if name in seen:
-            return f"{seen[name]} and {path} would both write {name} in --output-dir"
-        seen[name] = path
+        stem = Path(path).stem
+        if stem in seen:
+            return f"{seen[stem]} and {path} would both write {stem}.{formats[0]} in --output-dir"
+        seen[stem] = path
     return None
 
 
@@ -252,12 +332,18 @@ def output_record(path: str, result: dict) -> dict:
     return record
 
 
-def _write_output(out: Path, path: str, result: dict, output_format: str) -> None:
+def _write_output(out: Path, path: str, result: dict, output_format: str, args: argparse.Namespace) -> None:
     if output_format == "json":
         content = json.dumps(output_record(path, result), indent=2, ensure_ascii=False, default=_to_plain)
-    else:
-        content = result["text"].strip()
-    out.write_text(content + "\n", encoding="utf-8")
+        out.write_text(content + "\n", encoding="utf-8")
+        return
+    from whisper.utils import get_writer
+
+    # whisper's own writers, so that txt, vtt, srt and tsv are exactly what openai-whisper writes
+    writer = get_writer(output_format, str(out.parent))
+    options = {k: getattr(args, k) for k in ("highlight_words", "max_line_width", "max_line_count",
+                                             "max_words_per_line")}
+    writer(result, path, options)  # it names the file <stem of path>.<format> in out.parent
 
 
 def _to_plain(value):

@@ -14,7 +14,6 @@ Two facts make the frames equal to whisper's:
 
 from __future__ import annotations
 
-from typing import Optional
 
 import numpy as np
 import torch
@@ -25,6 +24,7 @@ from .audio import AudioSamples
 # frames per chunk of the pass that finds the global maximum (about 5 minutes of audio)
 SCAN_FRAMES = 10 * N_FRAMES
 HALF_WINDOW = N_FFT // 2
+MIN_FRAMES = 64
 
 
 class LogMelFrames:
@@ -50,7 +50,10 @@ class LogMelFrames:
         start, stop = max(start, 0), min(stop, self.n_frames)
         if stop <= start:
             return torch.zeros(self.n_mels, 0)
-        log_spec = torch.maximum(self._log10_mel(start, stop), torch.tensor(self._ceiling))
+        # a product with only a few columns takes another BLAS path whose sums round differently;
+        # computing at least MIN_FRAMES columns keeps every frame bitwise equal to whisper's
+        log_spec = self._log10_mel(start, max(stop, start + MIN_FRAMES))[:, : stop - start]
+        log_spec = torch.maximum(log_spec, torch.tensor(self._ceiling))
         return (log_spec + 4.0) / 4.0
 
     def _global_max(self) -> float:

@@ -16,24 +16,30 @@ import soundfile
 
 import medusa_whisper
 from medusa_whisper import weights
+from medusa_whisper.audio import open_audio
 from medusa_whisper.cli import format_table, main
 from medusa_whisper.errors import CheckpointError, ModelNotFoundError
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parent.parent
 GOOD = DATA / "flite_train.flac"
-MEDUSA_STATS = {"windows": 1, "tokens": 12, "decoder_steps": 5, "tokens_per_step": 2.4,
+MEDUSA_STATS = {"windows": 1, "fallback_windows": 0, "tokens": 12, "decoder_steps": 5, "tokens_per_step": 2.4,
                 "encode_seconds": 0.5, "decode_seconds": 0.25}
 
 
 class FakeModel:
+    """Reads the audio as the real model does (so bad files fail the same way) and returns a fixed dict."""
+
     def __init__(self):
         self.calls = []
 
-    def transcribe(self, audio, mode, language):
-        assert isinstance(audio, np.ndarray) and audio.dtype == np.float32 and audio.ndim == 1
-        self.calls.append((len(audio), mode, language))
-        segments = [{"id": 0, "start": 0.0, "end": np.float32(4.5), "text": " Hello there.",
+    def transcribe(self, audio, progress=None, **options):
+        with open_audio(audio) as samples:
+            self.calls.append((len(samples), options["mode"], options["language"]))
+        if progress is not None:
+            with progress(total=4.45, unit="s") as bar:
+                bar.update(4.45)
+        segments = [{"id": 0, "seek": 0, "start": 0.0, "end": np.float32(4.5), "text": " Hello there.",
                      "tokens": [50, 51]}]
         return {"text": " Hello there.", "segments": segments, "language": "en",
                 "medusa": dict(MEDUSA_STATS)}
@@ -112,7 +118,7 @@ def test_json_output_holds_text_segments_and_statistics(fake_model, tmp_path):
     assert record["text"] == "Hello there."
     assert record["language"] == "en"
     assert record["segments"][0]["end"] == 4.5
-    for key in ("tokens", "decoder_steps", "tokens_per_step", "encode_seconds", "decode_seconds"):
+    for key in MEDUSA_STATS:
         assert record[key] == MEDUSA_STATS[key]
     assert fake_model.loaded == [("some-model", "cpu")]
 
@@ -219,3 +225,36 @@ def test_module_entry_point_version_and_missing_file(tmp_path):
     missing = run_cli("transcribe", str(tmp_path / "missing.wav"))
     assert missing.returncode == 1
     assert missing.stderr == f"medusa-whisper: error: {tmp_path / 'missing.wav'}: no such file\n"
+
+
+def test_output_format_all_writes_whispers_formats_and_ours(fake_model, tmp_path):
+    out = tmp_path / "out"
+    assert main(["transcribe", str(GOOD), "--output-format", "all", "--output-dir", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [f"flite_train.{f}" for f in ("json", "srt", "tsv", "txt", "vtt")]
+    assert (out / "flite_train.srt").read_text() == "1\n00:00:00,000 --> 00:00:04,500\nHello there.\n\n"
+    assert (out / "flite_train.vtt").read_text() == "WEBVTT\n\n00:00.000 --> 00:04.500\nHello there.\n\n"
+    assert (out / "flite_train.tsv").read_text() == "start\tend\ttext\n0\t4500\tHello there.\n"
+
+
+@pytest.mark.parametrize("flag", [["--highlight-words"], ["--max-line-width", "40"],
+                                  ["--hallucination-silence-threshold", "2"]])
+def test_word_level_options_without_word_timestamps_are_usage_errors(fake_model, flag, capsys):
+    assert main(["transcribe", str(GOOD), *flag]) == 2
+    err = capsys.readouterr().err
+    assert "needs --word-timestamps" in err and err.count("\n") == 1
+    assert fake_model.loaded == []
+
+
+def test_long_form_options_reach_transcribe_as_whisper_reads_them():
+    from medusa_whisper.cli import build_parser, transcribe_options
+
+    args = build_parser().parse_args(["transcribe", "a.wav", "--temperature-increment-on-fallback", "0.25",
+                                      "--logprob-threshold", "none", "--condition-on-previous-text", "False",
+                                      "--initial-prompt", "Names: Ada.", "--num-heads", "2"])
+    options = transcribe_options(args)
+    assert options["temperature"] == (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert options["logprob_threshold"] is None and options["compression_ratio_threshold"] == 2.4
+    assert options["condition_on_previous_text"] is False and options["initial_prompt"] == "Names: Ada."
+    assert options["num_heads"] == 2 and options["mode"] == "lossless"
+    no_retry = build_parser().parse_args(["transcribe", "a.wav", "--temperature-increment-on-fallback", "none"])
+    assert transcribe_options(no_retry)["temperature"] == (0.0,)
