@@ -1,12 +1,17 @@
 """``medusa-whisper convert``: any supported source of Whisper weights into one whisper ``.pt`` file.
 
-Sources: a CTranslate2 model directory (model.bin or model.bin.part*, config.json), or an
-openai-whisper checkpoint ``.pt``, which is checked and written again (atomically, with torch.save).
+Sources, recognised by what they contain:
+- a Hugging Face ``WhisperForConditionalGeneration`` directory, or a Whisper-Medusa one (``medusa_heads_type``
+  in config.json; ``base_head`` or ``medusa_block``): see ``hf.py``;
+- a CTranslate2 model directory (model.bin or model.bin.part*, config.json);
+- an openai-whisper checkpoint ``.pt`` (or one of ours), which is checked and written again.
+The output is always written atomically with torch.save and loads with ``weights_only=True``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Union
 
@@ -14,7 +19,8 @@ import torch
 
 from .errors import CheckpointError
 
-EXPECTED = "a CTranslate2 Whisper model directory or an openai-whisper .pt checkpoint"
+EXPECTED = ("a Hugging Face Whisper or Whisper-Medusa directory, a CTranslate2 Whisper model directory, "
+            "or an openai-whisper .pt checkpoint")
 
 
 def convert(src: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> Path:
@@ -22,6 +28,19 @@ def convert(src: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> Path:
     from .weights import save_checkpoint
 
     src, out = Path(src), Path(out)
+    checkpoint = read_source(src)
+    save_checkpoint(checkpoint, out)
+    return out
+
+
+def read_source(src: Path) -> dict:
+    """Our checkpoint dict {"dims", "model_state_dict", optional "medusa", "alignment_heads"} from ``src``."""
+    from .hf import is_hf_dir
+
+    if is_hf_dir(src):
+        from .hf import convert_hf
+
+        return convert_hf(src, model_shapes)
     if src.is_dir():
         from .ctranslate2 import convert_ctranslate2
 
@@ -30,8 +49,31 @@ def convert(src: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> Path:
         checkpoint = _load_whisper_pt(src)
     else:
         raise CheckpointError(f"{src}: no such file or directory; expected {EXPECTED}")
-    save_checkpoint(checkpoint, out)
-    return out
+    return checkpoint
+
+
+def model_shapes(dims, medusa) -> dict:
+    """{name: shape} of every tensor of a MedusaWhisper of these dimensions and heads.
+
+    Layers of one stack all have the same shapes, so a model with one layer per stack is built and
+    its layer 0 repeated: a few MB instead of the full model (large-v3 would be 6 GB; the meta
+    device cannot build whisper's sparse alignment-heads buffer).
+    """
+    from dataclasses import replace
+
+    from .model import MedusaWhisper
+
+    model = MedusaWhisper(replace(dims, n_audio_layer=1, n_text_layer=1), medusa)
+    shapes = {}
+    for name, tensor in model.state_dict().items():
+        match = re.match(r"^(encoder|decoder)\.blocks\.0\.(.+)$", name)
+        if match is None:
+            shapes[name] = tuple(tensor.shape)
+            continue
+        stack, rest = match.groups()
+        for i in range(dims.n_audio_layer if stack == "encoder" else dims.n_text_layer):
+            shapes[f"{stack}.blocks.{i}.{rest}"] = tuple(tensor.shape)
+    return shapes
 
 
 def _load_whisper_pt(path: Path) -> dict:

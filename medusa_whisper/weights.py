@@ -86,6 +86,16 @@ OFFLINE_SOURCES: Dict[str, PackageSource] = {
 }
 
 
+# The published Whisper-Medusa models (aiola), by name: Hugging Face repositories, converted on first use.
+HUB_MODELS: Dict[str, str] = {
+    "large-v2-medusa": "aiola/whisper-medusa-v1",  # Medusa-Linear (base_head), 10 heads
+    "large-v2-medusa-linear": "aiola/whisper-medusa-linear-libri",
+    "large-v2-medusa-block": "aiola/whisper-medusa-block-libri",
+}
+HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
+                "pytorch_model*.bin", "pytorch_model.bin.index.json"]
+
+
 @dataclass(frozen=True)
 class Resolved:
     """What a model name or path stands for: a whisper checkpoint file and an optional heads file."""
@@ -117,7 +127,8 @@ def base_models() -> List[str]:
 
 def available_models() -> List[str]:
     bases = base_models()
-    return bases + [base + suffix for suffix in MEDUSA_SUFFIXES for base in bases]
+    ours = [base + suffix for suffix in MEDUSA_SUFFIXES for base in bases]
+    return bases + list(HUB_MODELS) + [name for name in ours if name not in HUB_MODELS]
 
 
 def split_medusa_name(name: str) -> Optional[str]:
@@ -322,6 +333,48 @@ def _base_checkpoint(name: str) -> Path:
     return path
 
 
+def _hf_checkpoint(folder: Path, key: Optional[str] = None, source: Optional[str] = None) -> Path:
+    """A Hugging Face Whisper or Whisper-Medusa folder, converted once into the cache."""
+    from .convert import model_shapes
+    from .hf import convert_hf, weight_files
+
+    folder = folder.resolve()
+    files = [folder / "config.json", *weight_files(folder)]
+    key = key or "hf-" + hashlib.sha256(str(folder).encode()).hexdigest()[:16]
+    cached = _cached(key, stamp=_stamp(files))
+    if cached is not None:
+        return cached
+    cache = cache_dir()
+    log.info("converting %s from %s into %s", key, folder, cache)
+    checkpoint = convert_hf(folder, model_shapes)
+    path = cache / f"{key}.pt"
+    sha256 = save_checkpoint(checkpoint, path)
+    _record(cache, key, path, sha256, source or str(folder), stamp=_stamp(files))
+    return path
+
+
+def _hub_checkpoint(name: str) -> Path:
+    """A published Whisper-Medusa model: downloaded from the Hugging Face hub once, converted, cached."""
+    repo = HUB_MODELS[name]
+    cached = _cached(name)
+    if cached is not None:
+        return cached
+    manual = (f"on a machine with a network run `huggingface-cli download {repo} --local-dir DIR`, then "
+              f"`medusa-whisper convert DIR {name}.pt` and pass --model {name}.pt (or the folder itself)")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise DownloadError(f"{name}: downloading {repo} needs huggingface_hub (`pip install "
+                            f"medusa-whisper[hub]`); or {manual}") from None
+    try:
+        folder = snapshot_download(repo, allow_patterns=HUB_PATTERNS, etag_timeout=DOWNLOAD_TIMEOUT)
+    except Exception as e:  # the hub client raises many types for the same "cannot reach it"
+        reason = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        raise DownloadError(f"{name}: cannot download {repo} from the Hugging Face hub ({reason}); "
+                            f"{manual}") from e
+    return _hf_checkpoint(Path(folder), key=name, source=f"hf:{repo}")
+
+
 def _ctranslate2_checkpoint(model_dir: Path) -> Path:
     model_dir = model_dir.resolve()
     parts = model_bin_parts(model_dir)
@@ -345,6 +398,8 @@ def resolve(name_or_path: Union[str, os.PathLike]) -> Resolved:
     A known name wins over a folder of the same name in the working directory: write ``./base`` for that.
     """
     text = os.fspath(name_or_path)
+    if isinstance(name_or_path, str) and text in HUB_MODELS:
+        return Resolved(text, _hub_checkpoint(text), None)
     if isinstance(name_or_path, str) and text in available_models():
         base = split_medusa_name(text)
         if base is None:
@@ -359,6 +414,10 @@ def resolve(name_or_path: Union[str, os.PathLike]) -> Resolved:
     if path.is_file() and path.name == "model.bin":
         path = path.parent
     if path.is_dir():
+        from .hf import is_hf_dir
+
+        if is_hf_dir(path):
+            return Resolved(path.resolve().name, _hf_checkpoint(path), None)
         return Resolved(path.resolve().name, _ctranslate2_checkpoint(path), None)
     if path.is_file():
         return Resolved(path.stem, path, None)
@@ -374,6 +433,13 @@ def model_table() -> List[dict]:
     manifest = _read_manifest(cache_dir())
     rows = []
     for name in available_models():
+        if name in HUB_MODELS:
+            entry = manifest.get(name)
+            cached = cache_dir() / entry["file"] if entry else None
+            present = cached is not None and cached.is_file()
+            rows.append({"name": name, "kind": "whisper-medusa", "source": "hf:" + HUB_MODELS[name],
+                         "present": present, "path": str(cached) if present else None})
+            continue
         base = split_medusa_name(name)
         if base is not None:
             heads = heads_file(name)
