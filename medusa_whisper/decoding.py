@@ -43,6 +43,10 @@ class MedusaDecodingOptions(DecodingOptions):
     # exponential-decay length penalty on end-of-text from this many sampled tokens on (None: off)
     regulation_start: Optional[int] = None
     regulation_factor: float = 1.01
+    # draft-model decoding (with a draft model): at most this many draft tokens per step, and
+    # whether that number adapts to the acceptance rate (seed 004's rule)
+    draft_tokens: int = 5
+    adaptive_lookahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,11 @@ class MedusaDecodingResult(DecodingResult):
     mode: str = "lossless"
     encode_seconds: float = 0.0
     decode_seconds: float = 0.0
+    # draft-model decoding: main-model tokens proposed and accepted, and the draft's share of the time
+    # (its encoder pass included; it is part of decode_seconds)
+    draft_proposed: int = 0
+    draft_accepted: int = 0
+    draft_seconds: float = 0.0
 
     @property
     def tokens_per_step(self) -> float:
@@ -87,6 +96,8 @@ def _verify_options(options: MedusaDecodingOptions) -> MedusaDecodingOptions:
         raise ValueError("typical_epsilon must be in (0, 1] and typical_alpha > 0")
     if options.regulation_start is not None and options.regulation_factor < 1:
         raise ValueError("regulation_factor must be >= 1")
+    if options.draft_tokens < 1:
+        raise ValueError("draft_tokens must be >= 1")
     return options
 
 
@@ -174,10 +185,11 @@ class _Generation:
 
 
 def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initial: List[int],
-              options: MedusaDecodingOptions, filters: Sequence[LogitFilter]) -> _Generation:
+              options: MedusaDecodingOptions, filters: Sequence[LogitFilter], drafter=None) -> _Generation:
+    """Greedy decoding with candidates from the Medusa heads, or from ``drafter`` when given."""
     decoder = model.decoder
     heads: Optional[MedusaHeads] = getattr(model, "medusa", None)
-    num_heads = 0 if heads is None or options.mode == "off" else heads.num_heads
+    num_heads = 0 if heads is None or options.mode == "off" or drafter is not None else heads.num_heads
     if options.num_heads is not None:
         num_heads = min(num_heads, options.num_heads)
     use_block = num_heads > 0 and heads.block is not None
@@ -191,7 +203,7 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
     candidates: List[int] = []
     limit = min(task.sample_begin + task.sample_len, task.n_ctx + 1)  # whisper's two stopping rules
     steps, sum_logprob, no_speech_prob = 0, 0.0, np.nan
-    accepted_per_head = [0] * num_heads
+    accepted_per_head = [0] * (options.draft_tokens if drafter is not None else num_heads)
 
     while True:
         start = cache.length
@@ -213,7 +225,7 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
         verdict = verify(logits, candidates, tokens, filters, options, tokenizer.eot, limit - len(tokens))
         tokens += verdict.tokens
         sum_logprob += verdict.logprob
-        for k in range(verdict.n_accepted):
+        for k in range(min(verdict.n_accepted, len(accepted_per_head))):
             accepted_per_head[k] += 1
         if tokens[-1] == tokenizer.eot or len(tokens) >= limit:
             break
@@ -221,7 +233,10 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
         # keep the pending tokens and the accepted candidates; the bonus token is fed next step
         cache.rollback(start + len(pending) + verdict.n_accepted)
         pending = [tokens[-1]]
-        if num_heads:
+        if drafter is not None:
+            drafter.accept(verdict.tokens, verdict.n_accepted, len(candidates))
+            candidates = drafter.propose()
+        elif num_heads:
             head_input = hidden[:, last + verdict.n_accepted]
             if use_block:
                 # the block must see every new position to keep its cache complete
@@ -238,7 +253,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions) -> MedusaDecodingResult:
+def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions, draft=None,
+                draft_mel: Optional[Tensor] = None) -> MedusaDecodingResult:
     task = DecodingTask(model, options)
     tokenizer = task.tokenizer
 
@@ -260,9 +276,16 @@ def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions) -> 
             tokenizer.eot, task.sample_begin, options.regulation_start, options.regulation_factor))
 
     began = time.perf_counter()
-    gen = _generate(model, task, audio_features, initial[0].tolist(), options, filters)
+    drafter = None
+    if draft is not None and options.mode != "off":
+        from .draft import Drafter
+
+        drafter = Drafter(draft, draft_mel, task, languages[0], options.draft_tokens, options.adaptive_lookahead)
+    gen = _generate(model, task, audio_features, initial[0].tolist(), options, filters, drafter)
     _sync(audio_features.device)
     decode_seconds = time.perf_counter() - began
+    draft_stats = dict(draft_proposed=drafter.stats.proposed, draft_accepted=drafter.stats.accepted,
+                       draft_seconds=drafter.stats.seconds) if drafter is not None else {}
 
     sampled = gen.tokens[task.sample_begin:]
     text_tokens = sampled[: sampled.index(tokenizer.eot)] if tokenizer.eot in sampled else sampled
@@ -281,6 +304,7 @@ def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions) -> 
         mode=options.mode,
         encode_seconds=encode_seconds,
         decode_seconds=decode_seconds,
+        **draft_stats,
     )
 
 
@@ -305,6 +329,8 @@ def decode(
     model: Whisper,
     mel: Tensor,
     options: DecodingOptions = MedusaDecodingOptions(),
+    draft: Optional[Whisper] = None,
+    draft_mel: Optional[Tensor] = None,
     **kwargs,
 ) -> Union[MedusaDecodingResult, List[MedusaDecodingResult]]:
     """Decode 30-second segment(s) with Medusa heads; a drop-in for ``whisper.decode``.
@@ -312,13 +338,34 @@ def decode(
     mel : shape = (n_mels, 3000) or (batch, n_mels, 3000), a log-Mel spectrogram; or the encoder
           output, shape = ([batch,] n_audio_ctx, n_audio_state), in which case the encoder is skipped
     options : whisper's DecodingOptions or MedusaDecodingOptions; keyword arguments override fields
+    draft   : a draft model that proposes the candidates instead of the heads (default: the model's
+              ``draft_model``, set by ``load_model(..., draft=...)``); ``mode="off"`` ignores it
+    draft_mel : the draft's own log-Mel when its number of bins differs from the main model's
     """
     options = as_medusa_options(options, **kwargs)
     single = mel.ndim == 2
     if single:
         mel = mel.unsqueeze(0)
     if options.temperature > 0 or options.beam_size is not None:
-        results = _decode_vanilla(model, mel, options)
-    else:
-        results = [_decode_one(model, mel[i : i + 1], options) for i in range(mel.shape[0])]
+        return _single_or_list(_decode_vanilla(model, mel, options), single)
+    draft = draft if draft is not None else getattr(model, "draft_model", None)
+    if draft is not None:
+        draft_mel = _draft_input(draft, mel, draft_mel)
+    results = [_decode_one(model, mel[i : i + 1], options, draft, None if draft is None else draft_mel[i : i + 1])
+               for i in range(mel.shape[0])]
+    return _single_or_list(results, single)
+
+
+def _single_or_list(results: list, single: bool):
     return results[0] if single else results
+
+
+def _draft_input(draft: Whisper, mel: Tensor, draft_mel: Optional[Tensor]) -> Tensor:
+    """What the draft model encodes: ``draft_mel``, or the main model's log-Mel when it fits."""
+    if draft_mel is None:
+        if mel.shape[-2] != draft.dims.n_mels:
+            raise ValueError(f"the draft model takes a log-Mel of {draft.dims.n_mels} bins, but the input is "
+                             f"{tuple(mel.shape[1:])}; pass draft_mel=log_mel_spectrogram(audio, "
+                             f"{draft.dims.n_mels}) as well")
+        return mel
+    return draft_mel.unsqueeze(0) if draft_mel.ndim == 2 else draft_mel

@@ -86,12 +86,20 @@ def load_heads(path) -> dict:
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, torch.device]] = None,
-               medusa: Optional[MedusaConfig] = None) -> MedusaWhisper:
+               medusa: Optional[MedusaConfig] = None, draft: Optional[Union[str, MedusaWhisper]] = None) -> MedusaWhisper:
     """Load a model by name (see ``medusa-whisper models``) or from a path.
 
     device : "cpu", "cuda", ...; default: CUDA when available
     medusa : fresh heads of this configuration, for a base model without trained heads
+    draft  : a draft model (name, path or model) for draft-model speculative decoding; it then
+             proposes the candidates instead of the heads. Kept as ``model.draft_model``.
     """
+    if draft is not None:
+        model = load_model(name_or_path, device, medusa)
+        draft_model = draft if isinstance(draft, torch.nn.Module) else load_model(draft, device)
+        # a plain attribute, not a submodule: the main model's state_dict stays whisper's
+        object.__setattr__(model, "draft_model", draft_model.to(model.device).eval())
+        return model
     resolved = weights.resolve(name_or_path)
     checkpoint = weights.load_checkpoint(resolved.checkpoint)
     heads = load_heads(resolved.heads) if resolved.heads else None
