@@ -22,7 +22,7 @@ from .errors import MedusaWhisperError
 PROG = "medusa-whisper"
 # result["medusa"] entries copied into each file's JSON output
 STAT_FIELDS = ("windows", "fallback_windows", "tokens", "decoder_steps", "tokens_per_step", "encode_seconds",
-               "decode_seconds")
+               "decode_seconds", "draft_proposed", "draft_accepted", "draft_acceptance", "draft_seconds")
 # whisper's writers, plus our own json (a superset of whisper's: Medusa statistics added)
 OUTPUT_FORMATS = ("txt", "vtt", "srt", "tsv", "json")
 
@@ -71,6 +71,17 @@ def _language(text: str) -> str:
     return code
 
 
+def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("draft-model decoding")
+    group.add_argument("--draft", default=None, metavar="NAME|PATH",
+                       help="a small Whisper that proposes tokens for the main model to verify (instead of "
+                            "Medusa heads); its tokenizer may differ (e.g. tiny.en for base)")
+    group.add_argument("--draft-tokens", type=_positive_int, default=5, metavar="K",
+                       help="draft tokens per step, at most (default: 5)")
+    group.add_argument("--adaptive-lookahead", action="store_true",
+                       help="grow K after well-accepted steps and shrink it after poor ones, up to --draft-tokens")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -100,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=_positive_int, default=None, metavar="N",
                    help="CPU threads for torch")
     t.add_argument("--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
+    _add_draft_arguments(t)
 
     long_form = t.add_argument_group("long audio (whisper.transcribe's options, same defaults)")
     long_form.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
@@ -144,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--model", default=None, metavar="NAME|PATH", help="default: medusa_whisper.DEFAULT_MODEL")
     e.add_argument("--mode", choices=MODES, default="lossless")
     e.add_argument("--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
+    _add_draft_arguments(e)
     e.add_argument("--compare-vanilla", action="store_true",
                    help="also decode each file with whisper.decode greedy (same weights), interleaved")
     e.add_argument("--out", type=Path, default=None, metavar="PREFIX",
@@ -225,7 +238,8 @@ def _transcribe(args: argparse.Namespace) -> int:
         except OSError as e:
             _error(f"{args.output_dir}: cannot create output folder ({e.strerror or e})")
             return 1
-    model = medusa_whisper.load_model(args.model or medusa_whisper.DEFAULT_MODEL, device=args.device)
+    model = medusa_whisper.load_model(args.model or medusa_whisper.DEFAULT_MODEL, device=args.device,
+                                      draft=args.draft)
 
     show_bars = sys.stderr.isatty()
     files_bar = tqdm(paths, unit="file", file=sys.stderr, disable=len(paths) < 2 or not show_bars)
@@ -241,7 +255,8 @@ def transcribe_options(args: argparse.Namespace) -> dict:
         temperature = tuple(round(float(t), 6) for t in steps)  # 0.6, not whisper's 0.6000000000000001
     else:
         temperature = (args.temperature,)
-    return dict(mode=args.mode, num_heads=args.num_heads, language=args.language, task=args.task,
+    return dict(mode=args.mode, num_heads=args.num_heads, draft_tokens=args.draft_tokens,
+                adaptive_lookahead=args.adaptive_lookahead, language=args.language, task=args.task,
                 temperature=temperature, compression_ratio_threshold=args.compression_ratio_threshold,
                 logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
                 condition_on_previous_text=args.condition_on_previous_text, initial_prompt=args.initial_prompt,
@@ -295,8 +310,9 @@ def _eval(args: argparse.Namespace) -> int:
         _error(f"{args.data}: no row can be evaluated")
         return 1
     name = args.model or medusa_whisper.DEFAULT_MODEL
-    model = medusa_whisper.load_model(name, device=args.device)
-    options = evaluation.EvalOptions(mode=args.mode, num_heads=args.num_heads, compare_vanilla=args.compare_vanilla)
+    model = medusa_whisper.load_model(name, device=args.device, draft=args.draft)
+    options = evaluation.EvalOptions(mode=args.mode, num_heads=args.num_heads, compare_vanilla=args.compare_vanilla,
+                                     draft_tokens=args.draft_tokens, adaptive_lookahead=args.adaptive_lookahead)
     report = evaluation.evaluate(model, rows, options, on_problem=_error, progress=sys.stderr.isatty())
     report.problems[:0] = problems
     report.summary["skipped"] = len(report.problems)
@@ -328,7 +344,7 @@ def output_record(path: str, result: dict) -> dict:
     stats = result.get("medusa", {})
     record = {"file": str(path), "text": result["text"].strip(), "language": result.get("language"),
               "segments": result.get("segments", [])}
-    record.update({k: stats.get(k) for k in STAT_FIELDS})
+    record.update({k: stats[k] for k in STAT_FIELDS if k in stats})
     return record
 
 

@@ -159,6 +159,8 @@ class EvalOptions:
     mode: str = "lossless"
     num_heads: Optional[int] = None
     compare_vanilla: bool = False
+    draft_tokens: int = 5
+    adaptive_lookahead: bool = False
 
 
 @dataclass
@@ -197,11 +199,19 @@ def _decode_window(model, row: EvalRow, audio, options: EvalOptions, vanilla_fir
         features, encode_seconds = _timed(lambda: model.embed_audio((mel.half() if fp16 else mel)[None])[0], device)
     language = row.language if model.is_multilingual else "en"
 
+    draft = getattr(model, "draft_model", None)
+    draft_mel = None
+    if draft is not None:  # the draft encodes the audio itself, with its own front end (timed as decoding)
+        draft_mel = mel if draft.dims.n_mels == model.dims.n_mels else whisper.log_mel_spectrogram(
+            whisper.pad_or_trim(torch.from_numpy(audio)), draft.dims.n_mels).to(device)
+        draft_mel = draft_mel.half() if fp16 else draft_mel
+
     def ours() -> _Decoded:
         (r, seconds) = _timed(lambda: medusa_decode(
             model, features, language=language, fp16=fp16, without_timestamps=True, mode=options.mode,
             num_heads=options.num_heads, regulation_start=row.regulation_start,
-            regulation_factor=row.regulation_factor), device)
+            regulation_factor=row.regulation_factor, draft_tokens=options.draft_tokens,
+            adaptive_lookahead=options.adaptive_lookahead, draft_mel=draft_mel), device)
         return _Decoded(r.text, r.language, r.tokens_produced, r.decoder_steps, encode_seconds, seconds)
 
     def vanilla() -> _Decoded:
@@ -244,6 +254,7 @@ def _decode_long(model, row: EvalRow, audio, options: EvalOptions, vanilla_first
 
     def ours() -> _Decoded:
         r = model.transcribe(audio, mode=options.mode, num_heads=options.num_heads,
+                             draft_tokens=options.draft_tokens, adaptive_lookahead=options.adaptive_lookahead,
                              regulation_start=row.regulation_start, regulation_factor=row.regulation_factor, **common)
         stats = r["medusa"]
         return _Decoded(r["text"], r.get("language"), stats["tokens"], stats["decoder_steps"],

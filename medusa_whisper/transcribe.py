@@ -53,18 +53,28 @@ class TranscriptionStats:
     decoder_steps: int = 0
     encode_seconds: float = 0.0
     decode_seconds: float = 0.0
+    draft_proposed: int = 0
+    draft_accepted: int = 0
+    draft_seconds: float = 0.0
 
     def add(self, result: MedusaDecodingResult) -> None:
         self.tokens += result.tokens_produced
         self.decoder_steps += result.decoder_steps
         self.encode_seconds += result.encode_seconds
         self.decode_seconds += result.decode_seconds
+        self.draft_proposed += getattr(result, "draft_proposed", 0)
+        self.draft_accepted += getattr(result, "draft_accepted", 0)
+        self.draft_seconds += getattr(result, "draft_seconds", 0.0)
 
     def as_dict(self) -> dict:
         steps = self.decoder_steps
-        return dict(windows=self.windows, fallback_windows=self.fallback_windows, tokens=self.tokens,
-                    decoder_steps=steps, tokens_per_step=self.tokens / steps if steps else 0.0,
-                    encode_seconds=self.encode_seconds, decode_seconds=self.decode_seconds)
+        stats = dict(windows=self.windows, fallback_windows=self.fallback_windows, tokens=self.tokens,
+                     decoder_steps=steps, tokens_per_step=self.tokens / steps if steps else 0.0,
+                     encode_seconds=self.encode_seconds, decode_seconds=self.decode_seconds)
+        if self.draft_proposed:
+            stats.update(draft_proposed=self.draft_proposed, draft_accepted=self.draft_accepted,
+                         draft_acceptance=self.draft_accepted / self.draft_proposed, draft_seconds=self.draft_seconds)
+        return stats
 
 
 @dataclass
@@ -89,7 +99,7 @@ class _Thresholds:
 
 def _decode_with_fallback(model, mel_segment: torch.Tensor, decode_options: dict, medusa_options: dict,
                           temperatures: Sequence[float], thresholds: _Thresholds,
-                          stats: TranscriptionStats) -> MedusaDecodingResult:
+                          stats: TranscriptionStats, draft_mel: Optional[torch.Tensor]) -> MedusaDecodingResult:
     """Decode at each temperature in turn until the result passes the thresholds (whisper's rule)."""
     result = None
     for i, t in enumerate(temperatures):
@@ -100,7 +110,8 @@ def _decode_with_fallback(model, mel_segment: torch.Tensor, decode_options: dict
         else:
             kwargs.pop("best_of", None)
         options = as_medusa_options(DecodingOptions(**kwargs, temperature=t), **medusa_options)
-        result = decode(model, mel_segment, options)
+        result = decode(model, mel_segment, options, draft_mel=draft_mel) if draft_mel is not None else \
+            decode(model, mel_segment, options)
         stats.add(result)
         stats.fallback_windows += i == 1
         if not thresholds.needs_fallback(result):
@@ -298,8 +309,12 @@ def transcribe(
 
     with open_audio(audio) as samples:
         mel = LogMelFrames(samples, model.dims.n_mels)
+        draft = getattr(model, "draft_model", None)
+        # a draft model with another front end (e.g. 80 bins for large-v3's 128) gets its own frames
+        draft_frames = (LogMelFrames(samples, draft.dims.n_mels)
+                        if draft is not None and draft.dims.n_mels != model.dims.n_mels else None)
         return _transcribe_frames(
-            model, mel, verbose=verbose, temperatures=[temperature] if isinstance(temperature, (int, float)) else list(temperature),
+            model, mel, draft_frames=draft_frames, verbose=verbose, temperatures=[temperature] if isinstance(temperature, (int, float)) else list(temperature),
             thresholds=_Thresholds(compression_ratio_threshold, logprob_threshold, no_speech_threshold),
             condition_on_previous_text=condition_on_previous_text, initial_prompt=initial_prompt,
             carry_initial_prompt=carry_initial_prompt, word_timestamps=word_timestamps,
@@ -308,7 +323,7 @@ def transcribe(
             decode_options=decode_options, medusa_options=medusa_options)
 
 
-def _transcribe_frames(model, mel: LogMelFrames, *, verbose, temperatures, thresholds: _Thresholds,
+def _transcribe_frames(model, mel: LogMelFrames, *, draft_frames: Optional[LogMelFrames], verbose, temperatures, thresholds: _Thresholds,
                        condition_on_previous_text, initial_prompt, carry_initial_prompt, word_timestamps,
                        punctuations, clip_timestamps, hallucination_silence_threshold, progress, dtype,
                        decode_options: dict, medusa_options: dict) -> dict:
@@ -363,9 +378,13 @@ def _transcribe_frames(model, mel: LogMelFrames, *, verbose, temperatures, thres
                 else:
                     decode_options["prompt"] = all_tokens[prompt_reset_since:]
 
+                draft_mel = None
+                if draft_frames is not None:
+                    draft_mel = pad_or_trim(draft_frames.frames(window.seek, window.seek + window.size), N_FRAMES)
+                    draft_mel = draft_mel.to(model.device).to(dtype)
                 stats.windows += 1
                 result = _decode_with_fallback(model, mel_segment, decode_options, medusa_options,
-                                               temperatures, thresholds, stats)
+                                               temperatures, thresholds, stats, draft_mel)
                 if thresholds.is_silence(result):
                     seek += window.size  # fast-forward to the next window
                     bar.update(_seconds(window.size))

@@ -195,6 +195,9 @@ def read_clips(path: Path) -> List[Clip]:
 
 # -- the systems ----------------------------------------------------------------------------------------
 
+DRAFT_MODEL = "tiny.en"
+
+
 def build_systems(model_name: str, device: str, threads: int) -> List[System]:
     """Every row of the table, in table order; a system that cannot run has ``run=None`` and a note."""
     from medusa_whisper import weights
@@ -213,6 +216,18 @@ def build_systems(model_name: str, device: str, threads: int) -> List[System]:
             systems.append(system)
     # Always shown: our decoder with one token per step, so the table separates what the decoder's
     # implementation gains over whisper.decode from what speculation (the heads) gains over that.
+    # draft-model decoding (seed 004, the paper's "Whisper + Assistance"): tiny.en drafts for larger models,
+    # through the cross-tokenizer mapping when the model is multilingual
+    for adaptive in (False, True):
+        label = "medusa_whisper draft tiny.en" + (" adaptive" if adaptive else "")
+        if model_name == DRAFT_MODEL:
+            systems.append(System(label, None, "skipped: the draft would be the model itself"))
+            continue
+        system = torch_system(label, model_name, device, "lossless", draft=DRAFT_MODEL, adaptive=adaptive,
+                              note=f"lossless, at most 5 draft tokens per step{', adaptive' if adaptive else ''}")
+        system.probe = ["--probe", "torch", "--model", model_name, "--mode", "lossless", "--draft", DRAFT_MODEL,
+                        *(["--adaptive"] if adaptive else [])]
+        systems.append(system)
     system = torch_system("medusa_whisper off", model_name, device, "off",
                           "our decoder without speculation, one token per step")
     system.probe = ["--probe", "torch", "--model", model_name, "--mode", "off"]
@@ -283,12 +298,15 @@ def summarize(systems: List[System], clips: List[Clip], rounds: int) -> List[dic
         dec_ratio = [v / x for v, x in zip(per_round(vanilla, "decode_seconds"), per_round(s, "decode_seconds"))]
         e2e_ratio = [v / x for v, x in zip(per_round(vanilla, "total_seconds"), per_round(s, "total_seconds"))]
         tokens, steps = sum(run.tokens for run in first), sum(run.steps for run in first)
+        proposed, accepted = sum(run.draft_proposed for run in first), sum(run.draft_accepted for run in first)
         same = sum(run.text.strip() == vanilla.runs[c.name][0].text.strip() for run, c in zip(first, clips))
         rows.append(dict(
             system=s.name, note=s.note, wer=scores["wer"], cer=scores["cer"], same_text_as_vanilla=same / len(clips),
             tokens_per_step=tokens / steps if steps else None,
             encoder_seconds=statistics.median(per_round(s, "encode_seconds")),
             decoder_seconds=statistics.median(per_round(s, "decode_seconds")),
+            draft_seconds=statistics.median(per_round(s, "draft_seconds")),
+            draft_acceptance=accepted / proposed if proposed else None,
             e2e_seconds=statistics.median(per_round(s, "total_seconds")),
             decoder_speedup=statistics.median(dec_ratio), decoder_speedup_range=[min(dec_ratio), max(dec_ratio)],
             e2e_speedup=statistics.median(e2e_ratio), e2e_speedup_range=[min(e2e_ratio), max(e2e_ratio)],
@@ -329,7 +347,7 @@ def markdown(rows: List[dict], info: dict) -> str:
         f"{', '.join(info['trained_heads']) or 'none'}. Load average at start {info['load_start']:.1f}, "
         f"at end {info['load_end']:.1f}. {info['date']}, {info['wall_seconds']:.0f} s.",
         "",
-        "| system | WER | CER | same text as vanilla | tokens/step | encoder s | decoder s | end-to-end s | "
+        "| system | WER | CER | same text as vanilla | tokens/step | encoder s | decoder s (of which draft) | end-to-end s | "
         "decoder speedup | end-to-end speedup | peak MB |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -342,12 +360,21 @@ def markdown(rows: List[dict], info: dict) -> str:
         if r.get("cuda_peak_mb"):
             mem += f" (+{r['cuda_peak_mb']:.0f} GPU)"
         lines.append(f"| {r['system']} | {r['wer']:.2%} | {r['cer']:.2%} | {r['same_text_as_vanilla']:.0%} | {tps} | "
-                     f"{r['encoder_seconds']:.2f} | {r['decoder_seconds']:.2f} | {r['e2e_seconds']:.2f} | "
+                     f"{r['encoder_seconds']:.2f} | {_decoder_cell(r)} | {r['e2e_seconds']:.2f} | "
                      f"{_ratio(r, 'decoder_speedup', info)} | {_ratio(r, 'e2e_speedup', info)} | {mem} |")
-    notes = [f"- {r['system']}: {r['note']}" for r in rows if r.get("note") and "wer" in r]
+    notes = [f"- {r['system']}: {r['note']}" + (f"; {r['draft_acceptance']:.0%} of the proposed tokens accepted"
+                                                 if r.get("draft_acceptance") is not None else "")
+             for r in rows if r.get("note") and "wer" in r]
     if info["quick"]:
         notes.append("- quick run: one round (no spread), no memory probe")
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def _decoder_cell(row: dict) -> str:
+    """Decoder seconds; with a draft model, how many of them the draft took."""
+    if row.get("draft_seconds"):
+        return f"{row['decoder_seconds']:.2f} (draft {row['draft_seconds']:.2f})"
+    return f"{row['decoder_seconds']:.2f}"
 
 
 def _ratio(row: dict, key: str, info: dict) -> str:

@@ -36,7 +36,10 @@ class Run:
     decode_seconds: float
     total_seconds: float
     tokens: int = 0  # sampled tokens, end-of-text included
-    steps: int = 0  # decoder forward passes
+    steps: int = 0  # decoder forward passes (of the main model, with a draft model)
+    draft_seconds: float = 0.0  # the draft model's share of decode_seconds (its encoder pass included)
+    draft_proposed: int = 0  # main-model tokens the draft proposed
+    draft_accepted: int = 0  # and how many of them the main model accepted
 
 
 @dataclass
@@ -50,18 +53,21 @@ class System:
 
 # -- openai-whisper and medusa_whisper -----------------------------------------------------------------
 
-def torch_system(name: str, model_name: str, device: str, mode: Optional[str], note: str = "") -> System:
+def torch_system(name: str, model_name: str, device: str, mode: Optional[str], note: str = "",
+                 draft: Optional[str] = None, adaptive: bool = False) -> System:
     """openai-whisper's ``whisper.decode`` (mode None) or ``medusa_whisper.decode`` in ``mode``.
 
     Both run on one MedusaWhisper, a whisper.model.Whisper subclass, so whisper.decode on it is
     openai-whisper itself; fp16 on CUDA as openai-whisper does by default, fp32 on the CPU.
+    With ``draft``, that model proposes the candidates; it encodes the audio itself, inside the
+    timed decoding, since it is work that vanilla decoding does not do.
     """
     import torch
     import whisper
 
     import medusa_whisper
 
-    model = medusa_whisper.load_model(model_name, device=device)
+    model = medusa_whisper.load_model(model_name, device=device, draft=draft)
     fp16 = device == "cuda"
 
     def sync() -> None:
@@ -80,11 +86,19 @@ def torch_system(name: str, model_name: str, device: str, mode: Optional[str], n
                                                                         without_timestamps=True))
             tokens = steps = len(r.tokens) + 1  # one token per step by definition
         else:
-            r = medusa_whisper.decode(model, features, language="en", fp16=fp16, without_timestamps=True, mode=mode)
+            extra = {}
+            if draft is not None:
+                draft_mel = mel if model.draft_model.dims.n_mels == model.dims.n_mels else \
+                    whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(audio)),
+                                                model.draft_model.dims.n_mels).to(device)
+                extra = dict(draft_mel=draft_mel.half() if fp16 else draft_mel, adaptive_lookahead=adaptive)
+            r = medusa_whisper.decode(model, features, language="en", fp16=fp16, without_timestamps=True, mode=mode,
+                                      **extra)
             tokens, steps = r.tokens_produced, r.decoder_steps
         sync()
         done = time.perf_counter()
-        return Run(r.text, encoded - began, done - encoded, done - began, tokens, steps)
+        return Run(r.text, encoded - began, done - encoded, done - began, tokens, steps,
+                   getattr(r, "draft_seconds", 0.0), getattr(r, "draft_proposed", 0), getattr(r, "draft_accepted", 0))
 
     return System(name, run, note)
 
@@ -290,6 +304,8 @@ def probe_main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--probe", required=True, choices=("torch", "faster-whisper", "transformers"))
     parser.add_argument("--model", required=True, help="model name (torch, transformers) or CTranslate2 folder")
     parser.add_argument("--mode", default=None, help="medusa_whisper mode; none: whisper.decode")
+    parser.add_argument("--draft", default=None, help="draft model name")
+    parser.add_argument("--adaptive", action="store_true", help="adaptive lookahead for --draft")
     parser.add_argument("--compute-type", default="int8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
@@ -301,7 +317,8 @@ def probe_main(argv: Optional[List[str]] = None) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-        system = (torch_system("probe", args.model, args.device, args.mode) if args.probe == "torch"
+        system = (torch_system("probe", args.model, args.device, args.mode, draft=args.draft, adaptive=args.adaptive)
+                  if args.probe == "torch"
                   else transformers_system("probe", args.model, args.device))
     if system.run is None:
         sys.exit(system.note)
