@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 THREADS ?= 2
 
-.PHONY: setup demo test test-quick speed bench bench-quick corpus heads clean
+.PHONY: setup demo test test-quick speed bench bench-quick bench-long corpus heads clean
 
 setup: $(VENV)/.installed
 
@@ -47,6 +47,16 @@ bench: setup $(VENV)/.bench
 
 bench-quick: setup $(VENV)/.bench
 	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) --quick
+
+# Long-form speed: whisper.transcribe against each decoding mode on an 8-minute file of real recordings
+# with pauses (built from tools/fetch_real_speech.py's clips), one run. Results: bench_out/long_<model>.{json,md}.
+LONG_AUDIO ?= data/long/real_8min.flac
+bench-long: setup $(LONG_AUDIO)
+	$(BIN)/python tools/bench_long.py --audio $(LONG_AUDIO) --model $(MODEL) --threads $(THREADS) --out bench_out/long_$(MODEL)
+
+data/long/real_8min.flac:
+	test -f data/real/real.csv || $(BIN)/python tools/fetch_real_speech.py
+	$(BIN)/python tools/make_long_audio.py --csv data/real/real.csv --minutes 8 --out $@
 
 # The bench extra (faster-whisper, matplotlib), installed once into the same venv.
 $(VENV)/.bench: $(VENV)/.installed setup.cfg

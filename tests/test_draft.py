@@ -138,3 +138,35 @@ def test_long_form_with_a_remapped_draft_equals_whisper_transcribe(base_with_dra
         [(s["start"], s["end"], s["tokens"]) for s in expected["segments"]]
     stats = result["medusa"]
     assert stats["tokens_per_step"] > 1.5 and 0 < stats["draft_acceptance"] <= 1
+
+
+def test_rolled_back_draft_cache_equals_a_fresh_cache_of_the_kept_tokens(clips):
+    """Propose, have the main model keep only part, and compare the draft's cache with one fed only
+    what was kept: same length, same keys and values (up to the rounding of other chunk sizes)."""
+    import torch
+    from whisper.decoding import DecodingOptions, DecodingTask
+
+    from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache
+
+    tiny = medusa_whisper.load_model("tiny.en", device="cpu")
+    mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(load_audio(clips[0])))[None]
+    task = DecodingTask(tiny, DecodingOptions(language="en", fp16=False, without_timestamps=True))
+    drafter = Drafter(tiny, mel, task, "en", max_tokens=4, adaptive=False)
+    initial = list(drafter.pending)
+    with torch.no_grad():
+        first = drafter.propose()
+        drafter.accept(first[:2], n_accepted=1, n_proposed=len(first))  # one accepted, then the main's own
+        proposal = drafter.propose()
+        assert len(proposal) == 4
+        other = (proposal[2] + 1) % ENGLISH.eot  # the main model disagrees at the third token
+        kept = proposal[:2] + [other]
+        drafter.accept(kept, n_accepted=2, n_proposed=4)
+        context = initial + first[:2] + proposal[:2]  # in the cache; `other` waits to be fed
+        assert drafter.cache.length == len(context) and drafter.pending == [other]
+
+        fresh = new_cache(tiny.decoder, None, tiny.embed_audio(mel))
+        n = len(context)
+        decoder_hidden(tiny.decoder, torch.tensor([context]), torch.arange(n), fresh, 0, chain_mask(0, n, "cpu"))
+    for ours, theirs in ((drafter.cache.self_attn.keys, fresh.self_attn.keys),
+                         (drafter.cache.self_attn.values, fresh.self_attn.values)):
+        torch.testing.assert_close(ours[:, :, :n], theirs[:, :, :n], atol=1e-4, rtol=1e-4)
