@@ -50,8 +50,8 @@ def fake_model(monkeypatch):
     model = FakeModel()
     loaded = []
 
-    def load_model(name, device=None):
-        loaded.append((name, device))
+    def load_model(name, device=None, draft=None):
+        loaded.append((name, device) if draft is None else (name, device, draft))
         return model
 
     monkeypatch.setattr(medusa_whisper, "load_model", load_model)
@@ -157,7 +157,7 @@ def test_usage_errors_exit_2(fake_model, argv, capsys):
     CheckpointError("/tmp/x.pt: not a readable checkpoint (truncated)"),
 ])
 def test_model_that_cannot_be_loaded_is_one_line(monkeypatch, capsys, error):
-    def load_model(name, device=None):
+    def load_model(name, device=None, draft=None):
         raise error
 
     monkeypatch.setattr(medusa_whisper, "load_model", load_model)
@@ -258,3 +258,14 @@ def test_long_form_options_reach_transcribe_as_whisper_reads_them():
     assert options["num_heads"] == 2 and options["mode"] == "lossless"
     no_retry = build_parser().parse_args(["transcribe", "a.wav", "--temperature-increment-on-fallback", "none"])
     assert transcribe_options(no_retry)["temperature"] == (0.0,)
+
+
+def test_draft_options_reach_the_model_and_transcribe(fake_model, capsys):
+    from medusa_whisper.cli import build_parser, transcribe_options
+
+    assert main(["transcribe", str(GOOD), "--model", "base", "--draft", "tiny.en"]) == 0
+    assert fake_model.loaded == [("base", None, "tiny.en")]
+    args = build_parser().parse_args(["transcribe", "a.wav", "--draft", "tiny.en", "--draft-tokens", "7",
+                                      "--adaptive-lookahead"])
+    options = transcribe_options(args)
+    assert options["draft_tokens"] == 7 and options["adaptive_lookahead"] is True

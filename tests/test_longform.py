@@ -118,7 +118,7 @@ def test_cli_long_file_equals_whisper_transcribe_and_writes_every_format(long_re
     torch.manual_seed(0)  # fallback windows sample; both runs draw the same numbers
     expected = whisper.transcribe(block_model, audio, fp16=False)
 
-    monkeypatch.setattr(medusa_whisper, "load_model", lambda name, device=None: block_model)
+    monkeypatch.setattr(medusa_whisper, "load_model", lambda name, device=None, draft=None: block_model)
     out = tmp_path / "out"
     torch.manual_seed(0)
     assert main(["transcribe", str(long_recording), "--output-format", "all", "--output-dir", str(out)]) == 0
