@@ -104,9 +104,15 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
     checkpoint = weights.load_checkpoint(resolved.checkpoint)
     heads = load_heads(resolved.heads) if resolved.heads else None
     model = build_model(checkpoint, heads, medusa, source=str(resolved.checkpoint))
-    official = whisper._ALIGNMENT_HEADS.get(weights.split_medusa_name(resolved.name) or resolved.name)
+    # word-timestamp heads: openai's list for the named base model (large-v2 for large-v2-medusa),
+    # unless the checkpoint brings its own, and only when it fits the model's shape
+    base_name = weights.split_medusa_name(resolved.name) or resolved.name
+    official = whisper._ALIGNMENT_HEADS.get(base_name)
     if official and "alignment_heads" not in checkpoint:
-        model.set_alignment_heads(official)
+        try:
+            model.set_alignment_heads(official)
+        except RuntimeError:  # a checkpoint whose name says large-v2 but whose shape does not
+            pass
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return model.to(device).eval()

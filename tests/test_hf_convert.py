@@ -256,3 +256,37 @@ def test_hf_folder_loads_directly_by_path(tmp_path, mel):
     assert model.num_heads == N_HEADS and model.medusa.block is not None
     result = medusa_whisper.decode(model, mel, language="en", sample_len=8, fp16=False)
     assert np.isfinite(result.avg_logprob)
+
+
+def test_published_names_download_once_then_load_from_the_cache(tmp_path, monkeypatch):
+    """large-v2-medusa goes through huggingface_hub (replaced here by a local folder), is converted
+    once and then comes from the cache; without a network the error is one line saying what to do."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    from medusa_whisper import weights
+    from medusa_whisper.errors import DownloadError
+
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path / "cache"))
+    medusa_checkpoint(tmp_path / "snapshot", "base_head", sharded=True)
+    calls = []
+
+    def snapshot_download(repo, **kwargs):
+        calls.append(repo)
+        return str(tmp_path / "snapshot")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    model = medusa_whisper.load_model("large-v2-medusa", device="cpu")
+    assert calls == ["aiola/whisper-medusa-v1"]
+    assert model.medusa_config.heads_type == "base_head" and model.num_heads == N_HEADS
+    medusa_whisper.load_model("large-v2-medusa", device="cpu")
+    assert calls == ["aiola/whisper-medusa-v1"], "the second load must come from the cache"
+    assert {row["name"]: row for row in weights.model_table()}["large-v2-medusa"]["present"]
+
+    def offline(repo, **kwargs):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(DownloadError) as error:
+        medusa_whisper.load_model("large-v2-medusa-block", device="cpu")
+    message = str(error.value)
+    assert "\n" not in message and "aiola/whisper-medusa-block-libri" in message
+    assert "medusa-whisper convert DIR large-v2-medusa-block.pt" in message
