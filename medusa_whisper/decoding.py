@@ -55,7 +55,7 @@ class MedusaDecodingResult(DecodingResult):
     decoder_steps: int = 0
     # tokens produced, end-of-text included, so that plain greedy decoding gives exactly 1.0
     tokens_produced: int = 0
-    # accepted_per_head[k]: how often the candidate of head k+1 was accepted
+    # accepted_per_head[k]: how often the candidate of head k+1 (or the draft's (k+1)-th) was accepted
     accepted_per_head: List[int] = field(default_factory=list)
     mode: str = "lossless"
     encode_seconds: float = 0.0
@@ -203,7 +203,7 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
     candidates: List[int] = []
     limit = min(task.sample_begin + task.sample_len, task.n_ctx + 1)  # whisper's two stopping rules
     steps, sum_logprob, no_speech_prob = 0, 0.0, np.nan
-    accepted_per_head = [0] * (options.draft_tokens if drafter is not None else num_heads)
+    accepted_per_head = [0] * num_heads
 
     while True:
         start = cache.length
@@ -225,7 +225,9 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
         verdict = verify(logits, candidates, tokens, filters, options, tokenizer.eot, limit - len(tokens))
         tokens += verdict.tokens
         sum_logprob += verdict.logprob
-        for k in range(min(verdict.n_accepted, len(accepted_per_head))):
+        # per candidate position; a draft may propose more positions than it has tokens
+        accepted_per_head.extend([0] * (verdict.n_accepted - len(accepted_per_head)))
+        for k in range(verdict.n_accepted):
             accepted_per_head[k] += 1
         if tokens[-1] == tokenizer.eot or len(tokens) >= limit:
             break

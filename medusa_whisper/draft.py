@@ -135,7 +135,6 @@ class DraftStats:
     proposed: int = 0
     accepted: int = 0
     seconds: float = 0.0
-    lookahead: List[int] = None  # K at each step
 
 
 class Drafter:
@@ -168,7 +167,7 @@ class Drafter:
         self.pending: List[int] = list(task.initial_tokens)
         self.drafted: List[int] = []  # this step's draft tokens
         self.mapped_lengths: List[int] = []  # how many main tokens each of them became
-        self.stats = DraftStats(lookahead=[])
+        self.stats = DraftStats()
         self.stats.seconds += time.perf_counter() - began
 
     def _translated(self, tokens):
@@ -207,7 +206,6 @@ class Drafter:
         self.context_length += len(self.pending)
         self.pending = []
         self.stats.proposed += len(proposal)
-        self.stats.lookahead.append(k)
         self.stats.seconds += time.perf_counter() - began
         return proposal
 

@@ -62,9 +62,9 @@ class TranscriptionStats:
         self.decoder_steps += result.decoder_steps
         self.encode_seconds += result.encode_seconds
         self.decode_seconds += result.decode_seconds
-        self.draft_proposed += getattr(result, "draft_proposed", 0)
-        self.draft_accepted += getattr(result, "draft_accepted", 0)
-        self.draft_seconds += getattr(result, "draft_seconds", 0.0)
+        self.draft_proposed += result.draft_proposed
+        self.draft_accepted += result.draft_accepted
+        self.draft_seconds += result.draft_seconds
 
     def as_dict(self) -> dict:
         steps = self.decoder_steps
@@ -110,8 +110,7 @@ def _decode_with_fallback(model, mel_segment: torch.Tensor, decode_options: dict
         else:
             kwargs.pop("best_of", None)
         options = as_medusa_options(DecodingOptions(**kwargs, temperature=t), **medusa_options)
-        result = decode(model, mel_segment, options, draft_mel=draft_mel) if draft_mel is not None else \
-            decode(model, mel_segment, options)
+        result = decode(model, mel_segment, options, draft_mel=draft_mel)
         stats.add(result)
         stats.fallback_windows += i == 1
         if not thresholds.needs_fallback(result):
@@ -331,8 +330,8 @@ def _transcribe_frames(model, mel: LogMelFrames, *, draft_frames: Optional[LogMe
     content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
     stats = TranscriptionStats()
 
-    def window_mel(seek: int, size: int) -> torch.Tensor:
-        return pad_or_trim(mel.frames(seek, seek + size), N_FRAMES).to(model.device).to(dtype)
+    def window_mel(seek: int, size: int, frames: LogMelFrames = mel) -> torch.Tensor:
+        return pad_or_trim(frames.frames(seek, seek + size), N_FRAMES).to(model.device).to(dtype)
 
     if decode_options.get("language") is None:
         if not model.is_multilingual:
@@ -378,10 +377,7 @@ def _transcribe_frames(model, mel: LogMelFrames, *, draft_frames: Optional[LogMe
                 else:
                     decode_options["prompt"] = all_tokens[prompt_reset_since:]
 
-                draft_mel = None
-                if draft_frames is not None:
-                    draft_mel = pad_or_trim(draft_frames.frames(window.seek, window.seek + window.size), N_FRAMES)
-                    draft_mel = draft_mel.to(model.device).to(dtype)
+                draft_mel = window_mel(window.seek, window.size, draft_frames) if draft_frames is not None else None
                 stats.windows += 1
                 result = _decode_with_fallback(model, mel_segment, decode_options, medusa_options,
                                                temperatures, thresholds, stats, draft_mel)

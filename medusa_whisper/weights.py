@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import whisper
@@ -257,12 +257,16 @@ def load_checkpoint(path: Union[str, os.PathLike]) -> dict:
 
 
 def _convert_into_cache(key: str, config_dir: Path, parts: Sequence[Path], source: str) -> Path:
+    return _into_cache(key, lambda: convert_ctranslate2(config_dir, list(parts)), parts, source)
+
+
+def _into_cache(key: str, make_checkpoint: Callable[[], dict], files: Sequence[Path], source: str) -> Path:
+    """Convert once into the cache as ``<key>.pt``, recorded with the stamp of its source ``files``."""
     cache = cache_dir()
     log.info("converting %s from %s into %s", key, source, cache)
-    checkpoint = convert_ctranslate2(config_dir, list(parts))
     path = cache / f"{key}.pt"
-    sha256 = save_checkpoint(checkpoint, path)
-    _record(cache, key, path, sha256, source, stamp=_stamp(parts))
+    sha256 = save_checkpoint(make_checkpoint(), path)
+    _record(cache, key, path, sha256, source, stamp=_stamp(files))
     return path
 
 
@@ -344,13 +348,7 @@ def _hf_checkpoint(folder: Path, key: Optional[str] = None, source: Optional[str
     cached = _cached(key, stamp=_stamp(files))
     if cached is not None:
         return cached
-    cache = cache_dir()
-    log.info("converting %s from %s into %s", key, folder, cache)
-    checkpoint = convert_hf(folder, model_shapes)
-    path = cache / f"{key}.pt"
-    sha256 = save_checkpoint(checkpoint, path)
-    _record(cache, key, path, sha256, source or str(folder), stamp=_stamp(files))
-    return path
+    return _into_cache(key, lambda: convert_hf(folder, model_shapes), files, source or str(folder))
 
 
 def _hub_checkpoint(name: str) -> Path:
@@ -434,11 +432,9 @@ def model_table() -> List[dict]:
     rows = []
     for name in available_models():
         if name in HUB_MODELS:
-            entry = manifest.get(name)
-            cached = cache_dir() / entry["file"] if entry else None
-            present = cached is not None and cached.is_file()
+            cached = _cached(name)
             rows.append({"name": name, "kind": "whisper-medusa", "source": "hf:" + HUB_MODELS[name],
-                         "present": present, "path": str(cached) if present else None})
+                         "present": cached is not None, "path": str(cached) if cached else None})
             continue
         base = split_medusa_name(name)
         if base is not None:

@@ -79,7 +79,7 @@ def test_adaptive_lookahead_follows_the_acceptance_rate():
     drafter.to_draft = TokenMapping(MULTILINGUAL, MULTILINGUAL)
     from medusa_whisper.draft import DraftStats
 
-    drafter.stats = DraftStats(lookahead=[])
+    drafter.stats = DraftStats()
     assert GROW_ABOVE > SHRINK_BELOW
     drafter.accept([1, 2, 3, 4], n_accepted=3, n_proposed=3)  # all accepted: grow
     assert drafter.lookahead == 4

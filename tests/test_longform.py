@@ -161,9 +161,9 @@ def test_initial_prompt_is_carried_into_every_window(block_model, monkeypatch):
     prompts = []
     original = transcribe_module.decode
 
-    def recording_decode(model, mel, options):
+    def recording_decode(model, mel, options, **kwargs):
         prompts.append(list(options.prompt or []))
-        return original(model, mel, options)
+        return original(model, mel, options, **kwargs)
 
     monkeypatch.setattr(transcribe_module, "decode", recording_decode)
     audio = load_audio(DATA / "espeak_weather.flac")
