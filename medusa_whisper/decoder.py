@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from whisper.model import MultiHeadAttention, ResidualAttentionBlock, TextDecoder
 
-from .heads import MedusaHeads
 from .kv_cache import CrossKV, StaticKVCache
 
 
@@ -29,9 +28,6 @@ class DecoderCache:
 
     self_attn: StaticKVCache
     cross_attn: CrossKV
-    # the Medusa block's own caches (``block`` heads only); rolled back together with self_attn
-    block_self_attn: Optional[StaticKVCache] = None
-    block_cross_attn: Optional[CrossKV] = None
 
     @property
     def length(self) -> int:
@@ -39,11 +35,9 @@ class DecoderCache:
 
     def rollback(self, length: int) -> None:
         self.self_attn.rollback(length)
-        if self.block_self_attn is not None:
-            self.block_self_attn.rollback(length)
 
 
-def new_cache(decoder: TextDecoder, heads: Optional[MedusaHeads], audio_features: Tensor) -> DecoderCache:
+def new_cache(decoder: TextDecoder, audio_features: Tensor) -> DecoderCache:
     """Allocate the self-attention buffers and compute the cross-attention keys/values once.
 
     audio_features : shape = (batch, n_audio_ctx, n_audio_state)
@@ -51,14 +45,10 @@ def new_cache(decoder: TextDecoder, heads: Optional[MedusaHeads], audio_features
     batch = audio_features.shape[0]
     n_ctx, n_state = decoder.positional_embedding.shape
     dtype, device = audio_features.dtype, audio_features.device
-    cache = DecoderCache(
+    return DecoderCache(
         self_attn=StaticKVCache(len(decoder.blocks), batch, n_ctx, n_state, dtype, device),
         cross_attn=CrossKV(decoder.blocks, audio_features),
     )
-    if heads is not None and heads.block is not None:
-        cache.block_self_attn = StaticKVCache(1, batch, n_ctx, n_state, dtype, device)
-        cache.block_cross_attn = CrossKV([heads.block], audio_features)
-    return cache
 
 
 def chain_mask(start: int, n: int, device) -> Optional[Tensor]:
@@ -126,15 +116,6 @@ def decoder_hidden(
             block, x, cache.self_attn, i, start, cache.cross_attn.keys[i], cache.cross_attn.values[i], mask
         )
     return decoder.ln(x)
-
-
-def medusa_block_hidden(
-    heads: MedusaHeads, hidden: Tensor, cache: DecoderCache, start: int, mask: Optional[Tensor]
-) -> Tensor:
-    """The Medusa block over the same new positions; no LayerNorm after it (as in the reference)."""
-    assert heads.block is not None and cache.block_self_attn is not None
-    cross = cache.block_cross_attn
-    return block_forward(heads.block, hidden, cache.block_self_attn, 0, start, cross.keys[0], cross.values[0], mask)
 
 
 # owner module -> ((weight identity and version, dtype, rows_key), its transposed rows)
