@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Hashable, Optional
+from typing import Callable, Hashable, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,9 @@ class DecoderCache:
 
     def rollback(self, length: int) -> None:
         self.self_attn.rollback(length)
+
+    def compact(self, keep: List[int], start: int) -> None:
+        self.self_attn.compact(keep, start)
 
 
 def new_cache(decoder: TextDecoder, audio_features: Tensor) -> DecoderCache:
