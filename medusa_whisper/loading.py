@@ -14,6 +14,7 @@ from whisper.model import ModelDimensions
 
 from . import weights
 from .errors import CheckpointError
+from .drafting.draft_head import build_draft_head
 from .heads import MedusaConfig
 from .model import MedusaWhisper
 
@@ -31,7 +32,8 @@ def build_model(checkpoint: dict, heads: Optional[dict] = None, medusa: Optional
 
     checkpoint : {"dims": ..., "model_state_dict": ..., optional "medusa": config dict,
                   optional "alignment_heads": [[layer, head], ...]}
-    heads      : {"medusa": config dict, "heads_state_dict": ...}, trained heads for that base
+    heads      : {"medusa": config dict, "heads_state_dict": ...}, trained Medusa heads for that base,
+                 or {"draft_head": config dict, "state_dict": ...}, a trained draft head (EAGLE, CTC)
     medusa     : a head configuration for fresh (untrained, identity) heads; ignored with ``heads``
     """
     try:
@@ -40,7 +42,11 @@ def build_model(checkpoint: dict, heads: Optional[dict] = None, medusa: Optional
         config = MedusaConfig(**config_dict) if config_dict else (medusa or MedusaConfig())
         model = MedusaWhisper(dims, config)
         model.load_whisper_state_dict(checkpoint["model_state_dict"])
-        if heads is not None:
+        if heads is not None and "draft_head" in heads:
+            head = build_draft_head(dims, heads["draft_head"])
+            head.load_state_dict(heads["state_dict"], strict=True)
+            model.draft_head = head
+        elif heads is not None:
             model.load_heads_state_dict(heads["heads_state_dict"])
             _apply_overrides(model, heads.get("decoder_overrides"))
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
@@ -78,10 +84,14 @@ def _set_alignment_heads(model: MedusaWhisper, pairs) -> None:
 
 
 def load_heads(path) -> dict:
-    """A heads file: {"medusa": config dict, "heads_state_dict": ..., "base_model": name, "record": ...}."""
+    """A heads file: {"medusa": config dict, "heads_state_dict": ..., "base_model": name, "record": ...},
+    or a draft head's: {"draft_head": config dict, "state_dict": ..., ...}."""
     heads = weights.safe_torch_load(path)
-    if not isinstance(heads, dict) or "medusa" not in heads or "heads_state_dict" not in heads:
-        raise CheckpointError(f"{path}: not a Medusa heads file (needs 'medusa' and 'heads_state_dict')")
+    medusa = isinstance(heads, dict) and "medusa" in heads and "heads_state_dict" in heads
+    draft_head = isinstance(heads, dict) and "draft_head" in heads and "state_dict" in heads
+    if not (medusa or draft_head):
+        raise CheckpointError(f"{path}: not a heads file (needs 'medusa' and 'heads_state_dict', "
+                              f"or 'draft_head' and 'state_dict')")
     return heads
 
 
