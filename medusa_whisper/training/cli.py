@@ -37,12 +37,18 @@ def add_parser(commands, positive_int, language) -> None:
 
     model = p.add_argument_group("model")
     model.add_argument("--base", default="tiny.en", metavar="NAME|PATH", help="frozen base model (default tiny.en)")
-    model.add_argument("--heads-type", choices=("linear", "block", "base_head"), default="linear",
-                       help="linear: Medusa-Linear; block: Medusa-Block; base_head: with --fine-tune-last-layer")
+    model.add_argument("--heads-type", choices=("linear", "block", "base_head", "eagle"), default="linear",
+                       help="linear: Medusa-Linear; block: Medusa-Block; base_head: with --fine-tune-last-layer; "
+                            "eagle: the EAGLE-style draft head (drafts features; shipped as <base>-eagle)")
     model.add_argument("--num-heads", type=positive_int, default=10, metavar="K")
     model.add_argument("--num-layers", type=positive_int, default=1, help="residual blocks per head")
-    model.add_argument("--proposal-vocab", type=int, default=0, metavar="N",
-                       help="heads propose among the first N token ids and the special tokens (0: all)")
+    model.add_argument("--proposal-vocab", type=int, default=None, metavar="N",
+                       help="Medusa heads propose among the first N token ids and the special tokens (default 0: "
+                            "all); the eagle head among the N most frequent tokens of its labels (default 8192)")
+    model.add_argument("--rollout-prob", type=float, default=0.5, metavar="P",
+                       help="eagle: share of steps that also train on the head's own drafted features (default 0.5)")
+    model.add_argument("--feature-weight", type=float, default=1.0,
+                       help="eagle: weight of the feature regression beside the token cross-entropy (default 1)")
     model.add_argument("--fine-tune-last-layer", action="store_true",
                        help="the paper's fine-tuned variant: also retrain the last decoder layer with a KL term "
                             "(NOT lossless with respect to the original model)")
@@ -104,9 +110,11 @@ def run_train(args: argparse.Namespace) -> int:
         summary["heldout"] = features.build_cache(base, heldout_windows, cache / "heldout", label, "cache heldout")
     times["cache_seconds"] = round(time.perf_counter() - began, 1)
 
+    if args.heads_type == "eagle":
+        return _train_eagle(args, base, cache, train_windows, summary, times)
     cfg = trainer.TrainConfig(
         heads_type=args.heads_type, num_heads=args.num_heads, num_layers=args.num_layers,
-        proposal_vocab=args.proposal_vocab, fine_tune_last_layer=args.fine_tune_last_layer,
+        proposal_vocab=args.proposal_vocab or 0, fine_tune_last_layer=args.fine_tune_last_layer,
         kl_weight=args.kl_weight, last_layer_lr=args.last_layer_lr, epochs=args.epochs, batch_positions=args.batch_positions,
         batch_windows=args.batch_windows, lr=args.lr, seed=args.seed, eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every)
@@ -132,6 +140,44 @@ def run_train(args: argparse.Namespace) -> int:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(trainer.heads_file(trained, base, args.base, record), args.out)
+    _report(args, state, times)
+    return 0
+
+
+def _report(args, state, times) -> None:
     print(json.dumps(dict(out=str(args.out), steps=state.step, **times,
                           heldout=(state.history[-1].get("heldout") if state.history else None))))
+
+
+def _train_eagle(args, base, cache: Path, train_windows, summary: dict, times: dict) -> int:
+    """The EAGLE draft head on the same cache: its own trainer, a draft-head file."""
+    import torch
+
+    from ..drafting.draft_head import draft_head_file
+    from . import eagle, features, plots
+
+    cfg = eagle.EagleTrainConfig(
+        shortlist=args.proposal_vocab or 8192, epochs=args.epochs, batch_windows=args.batch_windows, lr=args.lr,
+        feature_weight=args.feature_weight, rollout_prob=args.rollout_prob, seed=args.seed,
+        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every)
+    work = args.work_dir or args.out.with_suffix(".work")
+    n_shards = -(-len(train_windows) // features.SHARD_WINDOWS)
+    train_shard = features.load_cache(cache / "train", max_shards=n_shards)
+    heldout = features.load_cache(cache / "heldout") if args.heldout else None
+    base = base.float().cpu() if args.device != "cuda" else base.float()
+    head, state = eagle.train(base, train_shard, heldout, cfg, work, resume=not args.no_resume,
+                              max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr))
+    times["train_seconds"] = round(state.seconds, 1)
+    (work / "history.json").write_text(json.dumps(state.history, indent=1))
+    plots.plot_eagle_history(state.history, work / "training.png", title=f"{args.base} eagle")
+    record = dict(
+        base_model=args.base, train_config=asdict(cfg), labels=args.labels,
+        data=[str(p) for p in args.data] + [str(p) for p in args.audio_dir],
+        heldout=str(args.heldout) if args.heldout else None, cache=summary, steps=state.step,
+        threads=torch.get_num_threads(), **times,
+        final=state.history[-1] if state.history else None, command="medusa-whisper " + " ".join(sys.argv[1:]),
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(draft_head_file(head, args.base, record), args.out)
+    _report(args, state, times)
     return 0
