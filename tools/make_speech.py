@@ -377,13 +377,15 @@ CSV_EVERY_SECONDS = 120.0
 
 
 def build(split: str, minutes: float, out: Path, planned: Iterator[Job], workers: int, threads: int,
-          on_progress: Callable[[float], None] = lambda seconds: None) -> List[Tuple[Job, float]]:
-    """Synthesise the shortest prefix of `planned` that holds `minutes` of audio, one line per failure."""
+          on_progress: Callable[[float], None] = lambda seconds: None,
+          deadline: float = float("inf")) -> List[Tuple[Job, float]]:
+    """Synthesise the shortest prefix of `planned` that holds `minutes` of audio, one line per failure;
+    stop early, with the CSV holding what is finished, once time.monotonic() passes `deadline`."""
     target, total, done, since_csv = minutes * 60, 0.0, [], 0.0
     bar = tqdm(total=round(target / 60, 1), desc=f"{split} (minutes)", unit="min", dynamic_ncols=True)
     pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
     try:
-        while total < target:
+        while total < target and time.monotonic() < deadline:
             # a batch of about what is still missing, at 2.5 words per second
             batch, words = [], 0
             for job in planned:
@@ -397,6 +399,8 @@ def build(split: str, minutes: float, out: Path, planned: Iterator[Job], workers
             results = (pool.map(synthesise, batch, [threads] * len(batch), chunksize=1) if pool
                        else (synthesise(job, threads) for job in batch))
             for job, seconds, error in results:
+                if time.monotonic() >= deadline:
+                    break
                 if seconds is None:
                     tqdm.write(f"skipped {Path(job.path).name} ({job.engine}/{job.voice}): {error}")
                     continue
@@ -412,9 +416,11 @@ def build(split: str, minutes: float, out: Path, planned: Iterator[Job], workers
                     on_progress(total)
             write_csv(out / f"{split}.csv", done, out)
             on_progress(total)
+        if total < target and time.monotonic() >= deadline:
+            tqdm.write(f"note: {split}: stopped at the time limit with {total / 60:.1f} of {minutes:g} minutes")
     finally:
         if pool:
-            pool.shutdown()
+            pool.shutdown(cancel_futures=True)
         bar.close()
     return done
 
@@ -502,6 +508,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads per worker")
     parser.add_argument("--only", choices=SPLITS, default=None, help="build one split only")
+    parser.add_argument("--max-hours", type=float, default=None,
+                        help="wall-time budget: stop synthesising then, keeping (and summarising) what is finished")
     args = parser.parse_args()
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -516,6 +524,7 @@ def main() -> None:
     except ValueError as e:
         sys.exit(f"make_speech: error: {e}")
     began = time.perf_counter()
+    deadline = time.monotonic() + (args.max_hours * 3600 if args.max_hours else float("inf"))
     docs = make_corpus.split_documents()
     make_corpus.check_disjoint(docs)
     held_pool, held_dropped = speech_text.speech_pool("heldout", docs["heldout"], exclusion,
@@ -539,11 +548,13 @@ def main() -> None:
         if args.only in (None, split):
             planned = plan_jobs(split, out, args.seed, pool, engines)
             build(split, minutes, out, planned, max(1, args.jobs), max(1, args.threads),
-                  mark_ready if split == "train" else (lambda s: None))
+                  mark_ready if split == "train" else (lambda s: None), deadline)
     if args.only in (None, "train"):  # a train split smaller than --ready-minutes is ready when finished
         mark_ready(sum(float(r["seconds"]) for r in read_rows(out / "train.csv")), final=True)
     print(summarise(out, time.perf_counter() - began))
-    (out / "DONE").write_text(f"finished in {(time.perf_counter() - began) / 60:.1f} min\n")
+    stopped = " (stopped by --max-hours: the splits may be short of the minutes asked for)" \
+        if time.monotonic() >= deadline else ""
+    (out / "DONE").write_text(f"finished in {(time.perf_counter() - began) / 60:.1f} min{stopped}\n")
 
 
 if __name__ == "__main__":
