@@ -214,6 +214,19 @@ def build_systems(model_name: str, device: str, threads: int) -> List[System]:
             system = torch_system(label, model_name + suffix, device, mode)
             system.probe = ["--probe", "torch", "--model", model_name + suffix, "--mode", mode]
             systems.append(system)
+    # candidate trees of the heads' top tokens, and the EAGLE draft head as a chain and a tree
+    tree = dict(tree_width=3, tree_nodes=10)
+    for suffix, label, options, note in (
+            ("-medusa", "medusa_whisper lossless tree", tree, "Medusa heads, tree of the heads' top 3, 10 nodes"),
+            ("-eagle", "medusa_whisper eagle", {}, "EAGLE draft head, chain of 5"),
+            ("-eagle", "medusa_whisper eagle tree", dict(tree, draft_tokens=6), "EAGLE draft head, tree: width 3, depth 6, 10 nodes")):
+        heads = weights.heads_file(model_name + suffix)
+        if not heads.is_file():
+            systems.append(System(label, None, f"skipped: no trained head (weights/{heads.name})"))
+            continue
+        system = torch_system(label, model_name + suffix, device, "lossless", note, decode_options=options)
+        system.probe = ["--probe", "torch", "--model", model_name + suffix, "--mode", "lossless"]
+        systems.append(system)
     # Always shown: our decoder with one token per step, so the table separates what the decoder's
     # implementation gains over whisper.decode from what speculation (the heads) gains over that.
     # draft-model decoding (seed 004, the paper's "Whisper + Assistance"): tiny.en drafts for larger models,

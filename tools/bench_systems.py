@@ -54,13 +54,14 @@ class System:
 # -- openai-whisper and medusa_whisper -----------------------------------------------------------------
 
 def torch_system(name: str, model_name: str, device: str, mode: Optional[str], note: str = "",
-                 draft: Optional[str] = None, adaptive: bool = False) -> System:
+                 draft: Optional[str] = None, adaptive: bool = False, decode_options: Optional[dict] = None) -> System:
     """openai-whisper's ``whisper.decode`` (mode None) or ``medusa_whisper.decode`` in ``mode``.
 
     Both run on one MedusaWhisper, a whisper.model.Whisper subclass, so whisper.decode on it is
     openai-whisper itself; fp16 on CUDA as openai-whisper does by default, fp32 on the CPU.
     With ``draft``, that model proposes the candidates; it encodes the audio itself, inside the
-    timed decoding, since it is work that vanilla decoding does not do.
+    timed decoding, since it is work that vanilla decoding does not do. ``decode_options`` go to
+    ``medusa_whisper.decode`` (candidate trees: tree_width, tree_nodes).
     """
     import torch
     import whisper
@@ -93,7 +94,7 @@ def torch_system(name: str, model_name: str, device: str, mode: Optional[str], n
                                                 model.draft_model.dims.n_mels).to(device)
                 extra = dict(draft_mel=draft_mel.half() if fp16 else draft_mel, adaptive_lookahead=adaptive)
             r = medusa_whisper.decode(model, features, language="en", fp16=fp16, without_timestamps=True, mode=mode,
-                                      **extra)
+                                      **extra, **(decode_options or {}))
             tokens, steps = r.tokens_produced, r.decoder_steps
         sync()
         done = time.perf_counter()

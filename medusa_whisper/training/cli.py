@@ -68,6 +68,9 @@ def add_parser(commands, positive_int, language) -> None:
     run.add_argument("--eval-every", type=positive_int, default=200, metavar="STEPS")
     run.add_argument("--checkpoint-every", type=positive_int, default=200, metavar="STEPS")
     run.add_argument("--max-steps", type=positive_int, default=None, help="stop early (resume later)")
+    run.add_argument("--cache-only", action="store_true",
+                     help="build (or extend) the cache of the base model's states and stop: another run, or "
+                          "another head type, trains on it later with the same --cache-dir")
     run.add_argument("--no-resume", action="store_true", help="start over even if a checkpoint exists")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--device", choices=("cpu", "cuda"), default=None)
@@ -109,6 +112,9 @@ def run_train(args: argparse.Namespace) -> int:
                                        min_seconds=args.window_seconds[0], max_seconds=args.window_seconds[1])
         summary["heldout"] = features.build_cache(base, heldout_windows, cache / "heldout", label, "cache heldout")
     times["cache_seconds"] = round(time.perf_counter() - began, 1)
+    if args.cache_only:
+        print(json.dumps(dict(cache=str(cache), **summary, **times)))
+        return 0
 
     if args.heads_type == "eagle":
         return _train_eagle(args, base, cache, train_windows, summary, times)
