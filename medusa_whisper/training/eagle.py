@@ -3,7 +3,8 @@
 Data: the same cache as the Medusa heads (features.py): per window the main model's own greedy
 tokens (self-labels; 30 % of windows with timestamps), its post-LayerNorm states f at every token
 and the encoder output. Row t of a window feeds [f_t ; token t+1] and is scored on two things:
-- the feature: SmoothL1 between the head's f^_{t+1} and the main model's f_{t+1};
+- the feature: SmoothL1 between the head's f^_{t+1} and the main model's f_{t+1}, per dimension in
+  units of that dimension's spread in the training data;
 - the token: cross-entropy of f^_{t+1}'s shortlist logits against token t+2.
 Only rows that predict sampled tokens are scored (the start-of-transcript sequence is context).
 
@@ -110,11 +111,17 @@ def _head_pass(head: EagleHead, decoder, features: Tensor, batch: Batch) -> Tens
     return head.ln(head.block(x, batch.audio, mask=decoder.mask[:n, :n]))
 
 
-def _scores(head: EagleHead, decoder, predicted: Tensor, batch: Batch, columns: Tensor, cfg: EagleTrainConfig) -> Dict:
-    """Losses and hits of predicted features f^_{t+1} (rows t) against the batch."""
+def _scores(head: EagleHead, decoder, predicted: Tensor, batch: Batch, columns: Tensor, cfg: EagleTrainConfig,
+            scale: Tensor) -> Dict:
+    """Losses and hits of predicted features f^_{t+1} (rows t) against the batch.
+
+    scale : shape = (n_state,), the spread of each feature dimension: the regression is measured in
+            units of it, since post-LayerNorm states range from about 1 to over 100 by dimension
+            and unscaled errors of the widest ones would drown the token loss
+    """
     valid = batch.scored
     target_features = batch.features[:, 1:]
-    regression = F.smooth_l1_loss(predicted[valid], target_features[valid])
+    regression = F.smooth_l1_loss(predicted[valid] / scale, target_features[valid] / scale)
     targets = columns[batch.tokens[:, 2:]]  # token t+2 as a shortlist column, IGNORE outside
     targets = F.pad(targets, (0, 1), value=IGNORE)  # the last row has no t+2
     targets = targets.masked_fill(~valid, IGNORE)
@@ -126,10 +133,15 @@ def _scores(head: EagleHead, decoder, predicted: Tensor, batch: Batch, columns: 
                 hits=int(hits.sum()), n=int(valid.sum()))
 
 
+def feature_scale(shard: Shard) -> Tensor:
+    """Standard deviation of each feature dimension over the shard's states (at least 1e-3)."""
+    return shard.hidden.float().std(dim=0).clamp(min=1e-3)
+
+
 def step_losses(head: EagleHead, decoder, batch: Batch, columns: Tensor, cfg: EagleTrainConfig,
-                rollout: bool) -> Dict:
+                rollout: bool, scale: Tensor) -> Dict:
     predicted = _head_pass(head, decoder, batch.features, batch)
-    first = _scores(head, decoder, predicted, batch, columns, cfg)
+    first = _scores(head, decoder, predicted, batch, columns, cfg, scale)
     result = dict(first)
     if rollout:
         # the head's own features in place of the main model's after the prompt (EAGLE's drift)
@@ -137,7 +149,7 @@ def step_losses(head: EagleHead, decoder, batch: Batch, columns: Tensor, cfg: Ea
         drafted = predicted.detach()
         for i, begin in enumerate(batch.begins):
             own[i, begin + 1 :] = drafted[i, begin:]
-        second = _scores(head, decoder, _head_pass(head, decoder, own, batch), batch, columns, cfg)
+        second = _scores(head, decoder, _head_pass(head, decoder, own, batch), batch, columns, cfg, scale)
         result["loss"] = (first["loss"] + second["loss"]) / 2
         result["rollout_hits"], result["rollout_n"] = second["hits"], second["n"]
     return result
@@ -197,13 +209,15 @@ def simulate(head: EagleHead, decoder, shard: Shard, depth: int, windows: Option
 
 
 @torch.no_grad()
-def evaluate(head: EagleHead, decoder, shard: Shard, columns: Tensor, cfg: EagleTrainConfig) -> Dict:
+def evaluate(head: EagleHead, decoder, shard: Shard, columns: Tensor, cfg: EagleTrainConfig,
+             scale: Optional[Tensor] = None) -> Dict:
     """Held-out loss and teacher-forced first-token accuracy, plus the decoding replay."""
+    scale = feature_scale(shard) if scale is None else scale
     head.eval()
     totals = dict(loss=0.0, ce=0.0, regression=0.0, hits=0, n=0, batches=0)
     for i in range(0, len(shard.tokens), cfg.batch_windows):
         batch = make_batch(shard, list(range(i, min(i + cfg.batch_windows, len(shard.tokens)))))
-        stats = step_losses(head, decoder, batch, columns, cfg, rollout=False)
+        stats = step_losses(head, decoder, batch, columns, cfg, rollout=False, scale=scale)
         for key in ("loss", "ce", "regression"):
             totals[key] += float(stats[key])
         totals["hits"] += stats["hits"]
@@ -281,6 +295,7 @@ def train(model, train_shard: Shard, heldout: Optional[Shard], cfg: EagleTrainCo
 
     columns = torch.full((model.dims.n_vocab,), IGNORE, dtype=torch.long)
     columns[head.token_ids] = torch.arange(len(head.token_ids))
+    scale = feature_scale(train_shard)
     # the rollout draws must not depend on where a run was resumed: one generator per step
     stop = total_steps if max_steps is None else min(total_steps, max_steps)
     bar = tqdm(total=stop, initial=state.step, desc="train eagle", unit="step")
@@ -294,7 +309,7 @@ def train(model, train_shard: Shard, heldout: Optional[Shard], cfg: EagleTrainCo
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr * _lr_factor(state.step, total_steps, cfg.warmup_steps)
         optimizer.zero_grad(set_to_none=True)
-        stats = step_losses(head, decoder, batch, columns, cfg, rollout)
+        stats = step_losses(head, decoder, batch, columns, cfg, rollout, scale)
         stats["loss"].backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         optimizer.step()
@@ -308,7 +323,7 @@ def train(model, train_shard: Shard, heldout: Optional[Shard], cfg: EagleTrainCo
                           train_loss=round(float(np.mean(running)), 4), seconds=round(time.perf_counter() - began, 1))
             running = []
             if heldout is not None:
-                record["heldout"] = evaluate(head, decoder, heldout, columns, cfg)
+                record["heldout"] = evaluate(head, decoder, heldout, columns, cfg, scale)
             state.history.append(record)
             tqdm.write(json.dumps(record))
         if state.step % cfg.checkpoint_every == 0 or last:
