@@ -72,7 +72,7 @@ def _language(text: str) -> str:
 
 
 def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("draft-model decoding")
+    group = parser.add_argument_group("drafting (draft model, candidate trees)")
     group.add_argument("--draft", default=None, metavar="NAME|PATH",
                        help="a small Whisper that proposes tokens for the main model to verify (instead of "
                             "Medusa heads); its tokenizer may differ (e.g. tiny.en for base)")
@@ -80,6 +80,10 @@ def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
                        help="draft tokens per step, at most (default: 5)")
     group.add_argument("--adaptive-lookahead", action="store_true",
                        help="grow K after well-accepted steps and shrink it after poor ones, up to --draft-tokens")
+    group.add_argument("--tree-width", type=_positive_int, default=1, metavar="W",
+                       help="candidate trees: each drafted position offers its W best tokens (default 1: a chain)")
+    group.add_argument("--tree-nodes", type=_positive_int, default=None, metavar="N",
+                       help="candidates verified per decoder pass in a tree, at most (default: the proposer's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -256,7 +260,8 @@ def transcribe_options(args: argparse.Namespace) -> dict:
     else:
         temperature = (args.temperature,)
     return dict(mode=args.mode, num_heads=args.num_heads, draft_tokens=args.draft_tokens,
-                adaptive_lookahead=args.adaptive_lookahead, language=args.language, task=args.task,
+                adaptive_lookahead=args.adaptive_lookahead, tree_width=args.tree_width, tree_nodes=args.tree_nodes,
+                language=args.language, task=args.task,
                 temperature=temperature, compression_ratio_threshold=args.compression_ratio_threshold,
                 logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
                 condition_on_previous_text=args.condition_on_previous_text, initial_prompt=args.initial_prompt,
@@ -312,7 +317,8 @@ def _eval(args: argparse.Namespace) -> int:
     name = args.model or medusa_whisper.DEFAULT_MODEL
     model = medusa_whisper.load_model(name, device=args.device, draft=args.draft)
     options = evaluation.EvalOptions(mode=args.mode, num_heads=args.num_heads, compare_vanilla=args.compare_vanilla,
-                                     draft_tokens=args.draft_tokens, adaptive_lookahead=args.adaptive_lookahead)
+                                     draft_tokens=args.draft_tokens, adaptive_lookahead=args.adaptive_lookahead,
+                                     tree_width=args.tree_width, tree_nodes=args.tree_nodes)
     report = evaluation.evaluate(model, rows, options, on_problem=_error, progress=sys.stderr.isatty())
     report.problems[:0] = problems
     report.summary["skipped"] = len(report.problems)

@@ -68,6 +68,9 @@ def add_parser(commands, positive_int, language) -> None:
     run.add_argument("--eval-every", type=positive_int, default=200, metavar="STEPS")
     run.add_argument("--checkpoint-every", type=positive_int, default=200, metavar="STEPS")
     run.add_argument("--max-steps", type=positive_int, default=None, help="stop early (resume later)")
+    run.add_argument("--also-cache", type=Path, action="append", default=[], metavar="DIR",
+                     help="eagle: train on this existing cache too (its train/ shards, built earlier with "
+                          "--cache-only from other data); repeatable")
     run.add_argument("--cache-only", action="store_true",
                      help="build (or extend) the cache of the base model's states and stop: another run, or "
                           "another head type, trains on it later with the same --cache-dir")
@@ -169,6 +172,9 @@ def _train_eagle(args, base, cache: Path, train_windows, summary: dict, times: d
     work = args.work_dir or args.out.with_suffix(".work")
     n_shards = -(-len(train_windows) // features.SHARD_WINDOWS)
     train_shard = features.load_cache(cache / "train", max_shards=n_shards)
+    if args.also_cache:
+        train_shard = features.merge([train_shard] + [features.load_cache(d / "train") for d in args.also_cache])
+        summary["also"] = [features.summarize(d / "train") for d in args.also_cache]
     heldout = features.load_cache(cache / "heldout") if args.heldout else None
     base = base.float().cpu() if args.device != "cuda" else base.float()
     head, state = eagle.train(base, train_shard, heldout, cfg, work, resume=not args.no_resume,
