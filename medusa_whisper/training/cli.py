@@ -181,7 +181,9 @@ def _train_eagle(args, base, cache: Path, train_windows, summary: dict, times: d
                               max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr))
     times["train_seconds"] = round(state.seconds, 1)
     (work / "history.json").write_text(json.dumps(state.history, indent=1))
-    plots.plot_eagle_history(state.history, work / "training.png", title=f"{args.base} eagle")
+    if plots.plot_eagle_history(state.history, work / "training.png", title=f"{args.base} eagle") is None:
+        print(f"no loss plot: matplotlib is not installed (pip install matplotlib); the curve is in {work / 'history.json'}",
+              file=sys.stderr)
     record = dict(
         base_model=args.base, train_config=asdict(cfg), labels=args.labels,
         data=[str(p) for p in args.data] + [str(p) for p in args.audio_dir],
