@@ -140,12 +140,20 @@ def transposed_rows(owner: nn.Module, weight: Tensor, dtype: torch.dtype,
     """
     if weight.device.type != "cpu":
         return (weight if rows is None else weight[rows()]).to(dtype).T
-    key = (weight.data_ptr(), weight._version, dtype, rows_key)
+    key = (weight.data_ptr(), _version(weight), dtype, rows_key)
     cached = _TRANSPOSED.get(owner)
     if cached is None or cached[0] != key:  # only the latest: a changed weight drops the old copy
         chosen = weight.detach() if rows is None else weight.detach()[rows()]
         cached = _TRANSPOSED[owner] = (key, chosen.to(dtype).T.contiguous())
     return cached[1]
+
+
+def _version(weight: Tensor):
+    """What changes when ``weight`` is written in place: its version counter, or for an inference
+    tensor (made under ``torch.inference_mode()``, which keeps no counter) 64 of its values."""
+    if weight.is_inference():
+        return tuple(weight.detach().reshape(-1)[:: max(1, weight.numel() // 64)][:64].tolist())
+    return weight._version
 
 
 def project(decoder: TextDecoder, states: Tensor) -> Tensor:
