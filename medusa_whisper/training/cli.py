@@ -134,23 +134,31 @@ def run_train(args: argparse.Namespace) -> int:
     base = base.float().cpu() if args.device != "cuda" else base.float()
     trained, state = trainer.train(base, train_shard, heldout, cfg, work, resume=not args.no_resume,
                                    max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr))
-    times["train_seconds"] = round(state.seconds, 1)
-
-    (work / "history.json").write_text(json.dumps(state.history, indent=1))
-    if plots.plot_history(state.history, work / "training.png", title=f"{args.base} {args.heads_type} x{args.num_heads}") is None:
-        print(f"no loss plot: matplotlib is not installed (pip install matplotlib); the curve is in {work / 'history.json'}",
-              file=sys.stderr)
-    record = dict(
-        base_model=args.base, train_config=asdict(cfg), labels=args.labels,
-        data=[str(p) for p in args.data] + [str(p) for p in args.audio_dir],
-        heldout=str(args.heldout) if args.heldout else None, cache=summary, steps=state.step,
-        threads=torch.get_num_threads(), device=str(next(base.parameters()).device), **times,
-        final=state.history[-1] if state.history else None, command="medusa-whisper " + " ".join(sys.argv[1:]),
-    )
+    record = _record(args, cfg, state, work, summary, times, plots.plot_history,
+                     f"{args.base} {args.heads_type} x{args.num_heads}")
+    record["device"] = str(next(base.parameters()).device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(trainer.heads_file(trained, base, args.base, record), args.out)
     _report(args, state, times)
     return 0
+
+
+def _record(args, cfg, state, work: Path, summary: dict, times: dict, plot, title: str) -> dict:
+    """Write the curve (history.json and training.png) and return the training record of a heads file."""
+    import torch
+
+    times["train_seconds"] = round(state.seconds, 1)
+    (work / "history.json").write_text(json.dumps(state.history, indent=1))
+    if plot(state.history, work / "training.png", title=title) is None:
+        print(f"no loss plot: matplotlib is not installed (pip install matplotlib); the curve is in {work / 'history.json'}",
+              file=sys.stderr)
+    return dict(
+        base_model=args.base, train_config=asdict(cfg), labels=args.labels,
+        data=[str(p) for p in args.data] + [str(p) for p in args.audio_dir],
+        heldout=str(args.heldout) if args.heldout else None, cache=summary, steps=state.step,
+        threads=torch.get_num_threads(), **times,
+        final=state.history[-1] if state.history else None, command="medusa-whisper " + " ".join(sys.argv[1:]),
+    )
 
 
 def _report(args, state, times) -> None:
@@ -179,18 +187,7 @@ def _train_eagle(args, base, cache: Path, train_windows, summary: dict, times: d
     base = base.float().cpu() if args.device != "cuda" else base.float()
     head, state = eagle.train(base, train_shard, heldout, cfg, work, resume=not args.no_resume,
                               max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr))
-    times["train_seconds"] = round(state.seconds, 1)
-    (work / "history.json").write_text(json.dumps(state.history, indent=1))
-    if plots.plot_eagle_history(state.history, work / "training.png", title=f"{args.base} eagle") is None:
-        print(f"no loss plot: matplotlib is not installed (pip install matplotlib); the curve is in {work / 'history.json'}",
-              file=sys.stderr)
-    record = dict(
-        base_model=args.base, train_config=asdict(cfg), labels=args.labels,
-        data=[str(p) for p in args.data] + [str(p) for p in args.audio_dir],
-        heldout=str(args.heldout) if args.heldout else None, cache=summary, steps=state.step,
-        threads=torch.get_num_threads(), **times,
-        final=state.history[-1] if state.history else None, command="medusa-whisper " + " ".join(sys.argv[1:]),
-    )
+    record = _record(args, cfg, state, work, summary, times, plots.plot_eagle_history, f"{args.base} eagle")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(draft_head_file(head, args.base, record), args.out)
     _report(args, state, times)

@@ -21,11 +21,10 @@ drafted depth, without running the main decoder.
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -40,6 +39,7 @@ from ..drafting.eagle import EagleConfig, EagleHead, EagleProposer
 from ..drafting.tree import CandidateTree
 from ..weights import safe_torch_load
 from .features import Shard
+from .trainer import TrainState, _lr_factor
 
 IGNORE = -100
 
@@ -233,20 +233,6 @@ def evaluate(head: EagleHead, decoder, shard: Shard, columns: Tensor, cfg: Eagle
 
 
 # -- the loop -------------------------------------------------------------------------------------------
-
-@dataclass
-class TrainState:
-    step: int = 0
-    history: List[Dict] = field(default_factory=list)
-    seconds: float = 0.0
-
-
-def _lr_factor(step: int, total: int, warmup: int) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(total - warmup, 1)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
 
 def _batches(n_windows: int, cfg: EagleTrainConfig, epoch: int) -> List[List[int]]:
     """One epoch's batches, in an order fixed by (seed, epoch) so that a resume can skip to its step."""

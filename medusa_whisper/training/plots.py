@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 
-def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[Path]:
-    """Write the plot; returns None (and writes nothing) when matplotlib is not installed."""
+def _pyplot():
+    """matplotlib's pyplot without a display, or None when matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -15,7 +15,13 @@ def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[P
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    if not history:
+    return plt
+
+
+def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[Path]:
+    """Write the plot; returns None (and writes nothing) when matplotlib is not installed."""
+    plt = _pyplot()
+    if plt is None or not history:
         return None
     steps = [h["step"] for h in history]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -44,14 +50,8 @@ def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[P
 def plot_eagle_history(history: List[Dict], path: Path, title: str = "") -> Optional[Path]:
     """The EAGLE head's curves: train and held-out loss; held-out first-token accuracy and the
     replayed tokens per decoder step."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    if not history:
+    plt = _pyplot()
+    if plt is None or not history:
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.plot([h["step"] for h in history], [h["train_loss"] for h in history], label="train")
