@@ -80,6 +80,10 @@ def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
                        help="draft tokens per step, at most (default: 5)")
     group.add_argument("--adaptive-lookahead", action="store_true",
                        help="grow K after well-accepted steps and shrink it after poor ones, up to --draft-tokens")
+    group.add_argument("--lossy-ctc-entropy", type=float, default=None, metavar="NATS",
+                       help="LOSSY (a <base>-ctc model only): accept drafted words whose CTC frames all have an "
+                            "entropy below NATS without verification; the text may then differ from greedy "
+                            "decoding (default: off, every token is verified)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -256,7 +260,8 @@ def transcribe_options(args: argparse.Namespace) -> dict:
     else:
         temperature = (args.temperature,)
     return dict(mode=args.mode, num_heads=args.num_heads, draft_tokens=args.draft_tokens,
-                adaptive_lookahead=args.adaptive_lookahead, language=args.language, task=args.task,
+                adaptive_lookahead=args.adaptive_lookahead, lossy_ctc_entropy=args.lossy_ctc_entropy,
+                language=args.language, task=args.task,
                 temperature=temperature, compression_ratio_threshold=args.compression_ratio_threshold,
                 logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
                 condition_on_previous_text=args.condition_on_previous_text, initial_prompt=args.initial_prompt,
@@ -312,7 +317,8 @@ def _eval(args: argparse.Namespace) -> int:
     name = args.model or medusa_whisper.DEFAULT_MODEL
     model = medusa_whisper.load_model(name, device=args.device, draft=args.draft)
     options = evaluation.EvalOptions(mode=args.mode, num_heads=args.num_heads, compare_vanilla=args.compare_vanilla,
-                                     draft_tokens=args.draft_tokens, adaptive_lookahead=args.adaptive_lookahead)
+                                     draft_tokens=args.draft_tokens, adaptive_lookahead=args.adaptive_lookahead,
+                                     lossy_ctc_entropy=args.lossy_ctc_entropy)
     report = evaluation.evaluate(model, rows, options, on_problem=_error, progress=sys.stderr.isatty())
     report.problems[:0] = problems
     report.summary["skipped"] = len(report.problems)

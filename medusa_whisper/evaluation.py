@@ -161,6 +161,7 @@ class EvalOptions:
     compare_vanilla: bool = False
     draft_tokens: int = 5
     adaptive_lookahead: bool = False
+    lossy_ctc_entropy: Optional[float] = None  # LOSSY with a CTC draft head (see MedusaDecodingOptions)
 
 
 @dataclass
@@ -211,7 +212,8 @@ def _decode_window(model, row: EvalRow, audio, options: EvalOptions, vanilla_fir
             model, features, language=language, fp16=fp16, without_timestamps=True, mode=options.mode,
             num_heads=options.num_heads, regulation_start=row.regulation_start,
             regulation_factor=row.regulation_factor, draft_tokens=options.draft_tokens,
-            adaptive_lookahead=options.adaptive_lookahead, draft_mel=draft_mel), device)
+            adaptive_lookahead=options.adaptive_lookahead, lossy_ctc_entropy=options.lossy_ctc_entropy,
+            draft_mel=draft_mel), device)
         return _Decoded(r.text, r.language, r.tokens_produced, r.decoder_steps, encode_seconds, seconds)
 
     def vanilla() -> _Decoded:
@@ -255,7 +257,7 @@ def _decode_long(model, row: EvalRow, audio, options: EvalOptions, vanilla_first
     def ours() -> _Decoded:
         r = model.transcribe(audio, mode=options.mode, num_heads=options.num_heads,
                              draft_tokens=options.draft_tokens, adaptive_lookahead=options.adaptive_lookahead,
-                             regulation_start=row.regulation_start, regulation_factor=row.regulation_factor, **common)
+                             lossy_ctc_entropy=options.lossy_ctc_entropy, regulation_start=row.regulation_start, regulation_factor=row.regulation_factor, **common)
         stats = r["medusa"]
         return _Decoded(r["text"], r.get("language"), stats["tokens"], stats["decoder_steps"],
                         stats["encode_seconds"], stats["decode_seconds"])
