@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 from ..errors import MedusaWhisperError
 
@@ -22,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ctc-dropout", type=float, default=None)
     group.add_argument("--ctc-time-masks", type=int, default=None, metavar="N",
                        help="spans of the encoder output zeroed per training window (augmentation)")
+    group.add_argument("--ctc-train-cache", type=Path, action="append", default=[], metavar="DIR",
+                       help="a cache folder of shard_*.pt to train on, read as it is (repeatable; instead of "
+                            "--data/--cache-dir)")
+    group.add_argument("--ctc-heldout-cache", type=Path, default=None, metavar="DIR",
+                       help="a cache folder of held-out shards, read as it is")
     group.add_argument("--ctc-decoding", type=json.loads, default=None, metavar="JSON",
                        help="proposer settings stored with the head (drafting.ctc_proposer.DraftSettings)")
 
@@ -57,6 +63,10 @@ def run_train(args: argparse.Namespace) -> int:
     if base.num_heads or getattr(base, "draft_head", None) is not None:
         raise MedusaWhisperError(f"--base {args.base}: already has heads; name the plain base model")
     summary = {}
+    train_dirs = list(args.ctc_train_cache) or [cache / "train"]
+    heldout_dir = args.ctc_heldout_cache or cache / "heldout"
+    if args.ctc_train_cache and (args.data or args.audio_dir):
+        raise MedusaWhisperError("train: --ctc-train-cache reads existing caches; do not also give --data/--audio-dir")
     if args.data or args.audio_dir:
         utterances = windows.read_sources(args.data, args.audio_dir, args.language)
         train_windows = windows.pack(utterances, seed=args.seed, min_seconds=args.window_seconds[0],
@@ -71,16 +81,24 @@ def run_train(args: argparse.Namespace) -> int:
                                            min_seconds=args.window_seconds[0], max_seconds=args.window_seconds[1])
             summary["heldout"] = features.build_cache(base, heldout_windows, cache / "heldout", label,
                                                       "cache heldout")
-    elif not features.shard_paths(cache / "train"):
-        raise MedusaWhisperError("train: give --data CSV or --audio-dir DIR, or --cache-dir DIR holding "
-                                 "train/shard_*.pt")
+    for folder in train_dirs:
+        if not features.shard_paths(folder):
+            raise MedusaWhisperError(f"train: {folder}: no shard_*.pt (give --data CSV or --audio-dir DIR to build "
+                                     f"a cache, or --ctc-train-cache DIR of an existing one)")
+    # the shards present now, recorded so that a resumed run reads the same ones while a cache grows
     max_shards = -(-args.max_windows // features.SHARD_WINDOWS) if args.max_windows else None
-    train_shard = features.load_cache(cache / "train", max_shards=max_shards)
-    heldout = features.load_cache(cache / "heldout") if features.shard_paths(cache / "heldout") else None
-    summary.setdefault("train", dict(windows=len(train_shard.tokens),
-                                     shards=len(features.shard_paths(cache / "train")[:max_shards])))
+    shards = {str(folder): len(features.shard_paths(folder)[:max_shards]) for folder in train_dirs}
+    recorded = work / "shards.json"
+    if recorded.is_file() and not args.no_resume and (work / "checkpoint.pt").is_file():
+        shards = {**shards, **json.loads(recorded.read_text())}  # a resumed run reads what the first one read
+    work.mkdir(parents=True, exist_ok=True)
+    recorded.write_text(json.dumps(shards, indent=1))
+    train_shard = features._merge([features.load_cache(folder, max_shards=n) for folder, n in
+                                   zip(train_dirs, shards.values())])
+    heldout = features.load_cache(heldout_dir) if features.shard_paths(heldout_dir) else None
+    summary.setdefault("train", dict(windows=len(train_shard.tokens), shards=shards))
     if heldout is not None:
-        summary.setdefault("heldout", dict(windows=len(heldout.tokens)))
+        summary.setdefault("heldout", dict(windows=len(heldout.tokens), folder=str(heldout_dir)))
     cache_seconds = round(time.perf_counter() - began, 1)
 
     cfg = _config(args)
@@ -92,7 +110,7 @@ def run_train(args: argparse.Namespace) -> int:
     if ctc.plot_history(state.history, work / "training.png", title=title) is None:
         print(f"no loss plot: matplotlib is not installed; the curve is in {work / 'history.json'}", file=sys.stderr)
     record = dict(base_model=args.base, train_config=asdict(cfg), labels="self", cache=summary,
-                  cache_dir=str(cache), steps=state.step, threads=torch.get_num_threads(), device="cpu",
+                  steps=state.step, threads=torch.get_num_threads(), device="cpu",
                   cache_seconds=cache_seconds, train_seconds=round(state.seconds, 1),
                   final=state.history[-1] if state.history else None,
                   command="medusa-whisper " + " ".join(sys.argv[1:]))
