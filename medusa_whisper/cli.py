@@ -84,6 +84,10 @@ def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
                        help="candidate trees: each drafted position offers its W best tokens (default 1: a chain)")
     group.add_argument("--tree-nodes", type=_positive_int, default=None, metavar="N",
                        help="candidates verified per decoder pass in a tree, at most (default: the proposer's)")
+    group.add_argument("--lossy-ctc-entropy", type=float, default=None, metavar="NATS",
+                       help="LOSSY (a <base>-ctc model only): accept drafted words whose CTC frames all have an "
+                            "entropy below NATS without verification; the text may then differ from greedy "
+                            "decoding (default: off, every token is verified)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,6 +265,7 @@ def transcribe_options(args: argparse.Namespace) -> dict:
         temperature = (args.temperature,)
     return dict(mode=args.mode, num_heads=args.num_heads, draft_tokens=args.draft_tokens,
                 adaptive_lookahead=args.adaptive_lookahead, tree_width=args.tree_width, tree_nodes=args.tree_nodes,
+                lossy_ctc_entropy=args.lossy_ctc_entropy,
                 language=args.language, task=args.task,
                 temperature=temperature, compression_ratio_threshold=args.compression_ratio_threshold,
                 logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
@@ -318,7 +323,8 @@ def _eval(args: argparse.Namespace) -> int:
     model = medusa_whisper.load_model(name, device=args.device, draft=args.draft)
     options = evaluation.EvalOptions(mode=args.mode, num_heads=args.num_heads, compare_vanilla=args.compare_vanilla,
                                      draft_tokens=args.draft_tokens, adaptive_lookahead=args.adaptive_lookahead,
-                                     tree_width=args.tree_width, tree_nodes=args.tree_nodes)
+                                     tree_width=args.tree_width, tree_nodes=args.tree_nodes,
+                                     lossy_ctc_entropy=args.lossy_ctc_entropy)
     report = evaluation.evaluate(model, rows, options, on_problem=_error, progress=sys.stderr.isatty())
     report.problems[:0] = problems
     report.summary["skipped"] = len(report.problems)

@@ -55,6 +55,9 @@ class MedusaDecodingOptions(DecodingOptions):
     # at most `tree_nodes` candidates are verified per pass (None: the proposer's default)
     tree_width: int = 1
     tree_nodes: Optional[int] = None
+    # LOSSY, never the default: with a CTC draft head, drafted tokens whose CTC frames all have an
+    # entropy below this many nats are accepted without verification (None: every token is verified)
+    lossy_ctc_entropy: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ def _verify_options(options: MedusaDecodingOptions) -> MedusaDecodingOptions:
         raise ValueError("draft_tokens must be >= 1")
     if options.tree_width < 1 or (options.tree_nodes is not None and options.tree_nodes < 1):
         raise ValueError("tree_width and tree_nodes must be >= 1")
+    if options.lossy_ctc_entropy is not None and not options.lossy_ctc_entropy > 0:
+        raise ValueError("lossy_ctc_entropy must be > 0 (or None: lossless)")
     return options
 
 
@@ -127,6 +132,17 @@ def _accepts(candidate: int, greedy: int, logprobs: Tensor, options: MedusaDecod
     entropy = -torch.where(probs > 0, probs * logprobs, torch.zeros_like(probs)).sum()
     threshold = min(options.typical_epsilon, options.typical_alpha * float(torch.exp(-entropy)))
     return float(probs[candidate]) > threshold
+
+
+def _accept_unverified(tree: CandidateTree, node: int, options: MedusaDecodingOptions) -> int:
+    """LOSSY: the chain's next node, taken without comparing it with the verifier's token.
+
+    Reached only for a tree with unverified nodes, which a proposer makes only when the caller set
+    ``lossy_ctc_entropy``; checked here too, so that lossless decoding can never pass this way.
+    """
+    if options.lossy_ctc_entropy is None:
+        raise RuntimeError("unverified candidates without the lossy_ctc_entropy option")
+    return tree.children(node)[0]
 
 
 @dataclass
@@ -168,9 +184,12 @@ def verify(
             logit_filter.apply(row_logits, prefix)
         logprobs = F.log_softmax(row_logits[0], dim=-1)
         greedy = int(row_logits[0].argmax())
-        # children are in the proposer's order of preference: the first acceptable one is taken
-        chosen = next((child for child in tree.children(node)
-                       if _accepts(tree.tokens[child], greedy, logprobs, options)), None)
+        if (0 if node < 0 else tree.depths[node]) < tree.unverified:
+            chosen = _accept_unverified(tree, node, options)
+        else:
+            # children are in the proposer's order of preference: the first acceptable one is taken
+            chosen = next((child for child in tree.children(node)
+                           if _accepts(tree.tokens[child], greedy, logprobs, options)), None)
         token = greedy if chosen is None else tree.tokens[chosen]
         kept.append(token)
         total += float(logprobs[token])

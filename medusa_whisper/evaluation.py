@@ -163,11 +163,13 @@ class EvalOptions:
     adaptive_lookahead: bool = False
     tree_width: int = 1
     tree_nodes: Optional[int] = None
+    lossy_ctc_entropy: Optional[float] = None  # LOSSY with a CTC draft head (see MedusaDecodingOptions)
 
     def decode_options(self) -> dict:
         """What every decoding of ours gets, beside the row's own options."""
         return dict(mode=self.mode, num_heads=self.num_heads, draft_tokens=self.draft_tokens,
-                    adaptive_lookahead=self.adaptive_lookahead, tree_width=self.tree_width, tree_nodes=self.tree_nodes)
+                    adaptive_lookahead=self.adaptive_lookahead, tree_width=self.tree_width, tree_nodes=self.tree_nodes,
+                    lossy_ctc_entropy=self.lossy_ctc_entropy)
 
 
 @dataclass

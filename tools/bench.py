@@ -241,6 +241,15 @@ def build_systems(model_name: str, device: str, threads: int) -> List[System]:
         system.probe = ["--probe", "torch", "--model", model_name, "--mode", "lossless", "--draft", DRAFT_MODEL,
                         *(["--adaptive"] if adaptive else [])]
         systems.append(system)
+    # the CTC draft head: one pass over the encoder output drafts the whole window, verified a chunk per pass
+    ctc = weights.heads_file(model_name + "-ctc")
+    if not ctc.is_file():
+        systems.append(System("medusa_whisper ctc", None, f"skipped: no trained CTC head (weights/{ctc.name})"))
+    else:
+        system = torch_system("medusa_whisper ctc", model_name + "-ctc", device, "lossless",
+                              "lossless, the CTC head's whole-window draft verified a chunk per pass")
+        system.probe = ["--probe", "torch", "--model", model_name + "-ctc", "--mode", "lossless"]
+        systems.append(system)
     system = torch_system("medusa_whisper off", model_name, device, "off",
                           "our decoder without speculation, one token per step")
     system.probe = ["--probe", "torch", "--model", model_name, "--mode", "off"]
@@ -315,7 +324,7 @@ def summarize(systems: List[System], clips: List[Clip], rounds: int) -> List[dic
         same = sum(run.text.strip() == vanilla.runs[c.name][0].text.strip() for run, c in zip(first, clips))
         rows.append(dict(
             system=s.name, note=s.note, wer=scores["wer"], cer=scores["cer"], same_text_as_vanilla=same / len(clips),
-            tokens_per_step=tokens / steps if steps else None,
+            tokens_per_step=tokens / steps if steps else None, passes_per_window=steps / len(clips),
             encoder_seconds=statistics.median(per_round(s, "encode_seconds")),
             decoder_seconds=statistics.median(per_round(s, "decode_seconds")),
             draft_seconds=statistics.median(per_round(s, "draft_seconds")),
@@ -377,6 +386,8 @@ def markdown(rows: List[dict], info: dict) -> str:
                      f"{_ratio(r, 'decoder_speedup', info)} | {_ratio(r, 'e2e_speedup', info)} | {mem} |")
     notes = [f"- {r['system']}: {r['note']}" + (f"; {r['draft_acceptance']:.0%} of the proposed tokens accepted"
                                                  if r.get("draft_acceptance") is not None else "")
+             + (f"; {r['passes_per_window']:.1f} decoder passes per window, the draft "
+                f"{1000 * r['draft_seconds'] / info['clips']:.0f} ms per window" if r.get("draft_seconds") else "")
              for r in rows if r.get("note") and "wer" in r]
     if info["quick"]:
         notes.append("- quick run: one round (no spread), no memory probe")

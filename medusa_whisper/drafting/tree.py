@@ -32,6 +32,9 @@ class CandidateTree:
     tokens: Tuple[int, ...] = ()
     parents: Tuple[int, ...] = ()  # index of each node's parent, -1 for the root
     scores: Tuple[float, ...] = ()  # the proposer's cumulative log-probability per node (may be empty)
+    # LOSSY, honoured only with the lossy_ctc_entropy option: this many leading chain nodes are
+    # accepted without comparing them with the verifier (decoding._accept_unverified)
+    unverified: int = 0
     depths: Tuple[int, ...] = field(init=False, default=())  # 1 for children of the root
 
     def __post_init__(self):
@@ -43,10 +46,12 @@ class CandidateTree:
                 raise ValueError(f"node {i}: parent {parent} must come before it")
             depths.append(1 if parent < 0 else depths[parent] + 1)
         object.__setattr__(self, "depths", tuple(depths))
+        if self.unverified and not (self.unverified <= len(self.tokens) and self.is_chain):
+            raise ValueError("only a chain's leading nodes can be unverified")
 
     @classmethod
-    def chain(cls, tokens: Sequence[int], scores: Sequence[float] = ()) -> "CandidateTree":
-        return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)), tuple(scores))
+    def chain(cls, tokens: Sequence[int], scores: Sequence[float] = (), unverified: int = 0) -> "CandidateTree":
+        return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)), tuple(scores), unverified)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -71,7 +76,8 @@ class CandidateTree:
         new_index = {old: new for new, old in enumerate(keep)}
         return CandidateTree(tuple(self.tokens[i] for i in keep),
                              tuple(new_index.get(self.parents[i], -1) for i in keep),
-                             tuple(self.scores[i] for i in keep) if self.scores else ())
+                             tuple(self.scores[i] for i in keep) if self.scores else (),
+                             min(self.unverified, len(keep)))
 
     def ancestors_mask(self, device=None) -> Tensor:
         """(n, n) bool: row i is True at i and at every ancestor of i."""

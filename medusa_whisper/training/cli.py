@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import MedusaWhisperError
+from . import ctc_cli
 
 
 def add_parser(commands, positive_int, language) -> None:
@@ -37,9 +38,10 @@ def add_parser(commands, positive_int, language) -> None:
 
     model = p.add_argument_group("model")
     model.add_argument("--base", default="tiny.en", metavar="NAME|PATH", help="frozen base model (default tiny.en)")
-    model.add_argument("--heads-type", choices=("linear", "block", "base_head", "eagle"), default="linear",
+    model.add_argument("--heads-type", choices=("linear", "block", "base_head", "eagle", "ctc"), default="linear",
                        help="linear: Medusa-Linear; block: Medusa-Block; base_head: with --fine-tune-last-layer; "
-                            "eagle: the EAGLE-style draft head (drafts features; shipped as <base>-eagle)")
+                            "eagle: the EAGLE-style draft head (drafts features; <base>-eagle); "
+                            "ctc: a CTC draft head on the encoder output (options below)")
     model.add_argument("--num-heads", type=positive_int, default=10, metavar="K")
     model.add_argument("--num-layers", type=positive_int, default=1, help="residual blocks per head")
     model.add_argument("--proposal-vocab", type=int, default=None, metavar="N",
@@ -78,6 +80,7 @@ def add_parser(commands, positive_int, language) -> None:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--device", choices=("cpu", "cuda"), default=None)
     run.add_argument("--threads", type=positive_int, default=None)
+    ctc_cli.add_arguments(p)
     p.set_defaults(run=run_train)
 
 
@@ -87,6 +90,8 @@ def run_train(args: argparse.Namespace) -> int:
     from ..loading import load_model
     from . import features, plots, trainer, windows
 
+    if args.heads_type == "ctc":
+        return ctc_cli.run_train(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     if not args.data and not args.audio_dir:
