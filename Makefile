@@ -40,13 +40,16 @@ speed: setup
 # adds real recordings (tools/fetch_real_speech.py) when they can be fetched.
 # Results: bench_out/bench.{json,md} and bench_out/speedup_by_length.png (bench-quick: *_quick.*).
 # `make bench MODEL=tiny.en`, `make bench DEVICE=cuda` (after `make setup TORCH=torch`).
+# BENCH_ARGS adds rows, e.g. BENCH_ARGS="--drafter tiny.en" (a lossless draft row per compute type)
+# or "--compute-types float32,int8".
 MODEL ?= base
 DEVICE ?= cpu
+BENCH_ARGS ?=
 bench: setup $(VENV)/.bench
-	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE)
+	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) $(BENCH_ARGS)
 
 bench-quick: setup $(VENV)/.bench
-	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) --quick
+	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) --quick $(BENCH_ARGS)
 
 # Long-form speed: whisper.transcribe against each decoding mode on an 8-minute file of real recordings
 # with pauses (built from tools/fetch_real_speech.py's clips), one run. Results: bench_out/long_<model>.{json,md}.

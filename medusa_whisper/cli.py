@@ -90,6 +90,17 @@ def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
                             "decoding (default: off, every token is verified)")
 
 
+def _add_compute_type_arguments(parser: argparse.ArgumentParser) -> None:
+    from .compute import COMPUTE_TYPES
+
+    parser.add_argument("--compute-type", choices=COMPUTE_TYPES, default="float32",
+                        help="float32; int8 (int8 weights, CPU); bfloat16; on CUDA also float16, int8_float16. "
+                             "lossless stays lossless: equal to greedy decoding at the same compute type "
+                             "(default: float32)")
+    parser.add_argument("--draft-compute-type", choices=COMPUTE_TYPES, default=None,
+                        help="compute type of the --draft model (default: --compute-type)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -120,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU threads for torch")
     t.add_argument("--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
     _add_draft_arguments(t)
+    _add_compute_type_arguments(t)
 
     long_form = t.add_argument_group("long audio (whisper.transcribe's options, same defaults)")
     long_form.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
@@ -165,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--mode", choices=MODES, default="lossless")
     e.add_argument("--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
     _add_draft_arguments(e)
+    _add_compute_type_arguments(e)
     e.add_argument("--compare-vanilla", action="store_true",
                    help="also decode each file with whisper.decode greedy (same weights), interleaved")
     e.add_argument("--out", type=Path, default=None, metavar="PREFIX",
@@ -247,13 +260,31 @@ def _transcribe(args: argparse.Namespace) -> int:
             _error(f"{args.output_dir}: cannot create output folder ({e.strerror or e})")
             return 1
     model = medusa_whisper.load_model(args.model or medusa_whisper.DEFAULT_MODEL, device=args.device,
-                                      draft=args.draft)
+                                      draft=args.draft, **_compute_types(args))
 
     show_bars = sys.stderr.isatty()
     files_bar = tqdm(paths, unit="file", file=sys.stderr, disable=len(paths) < 2 or not show_bars)
     for path in files_bar:
         failed += not _transcribe_file(model, path, args, show_path=len(args.audio) > 1, show_bar=show_bars)
     return 1 if failed else 0
+
+
+def _compute_types(args: argparse.Namespace) -> dict:
+    """load_model's compute-type arguments; a type the device cannot run fails before any loading."""
+    import torch
+
+    from .compute import check_compute_type
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    for compute_type in (args.compute_type, args.draft_compute_type):
+        if compute_type is not None:
+            check_compute_type(compute_type, device)
+    chosen = {}  # only what differs from load_model's defaults
+    if args.compute_type != "float32":
+        chosen["compute_type"] = args.compute_type
+    if args.draft_compute_type is not None:
+        chosen["draft_compute_type"] = args.draft_compute_type
+    return chosen
 
 
 def transcribe_options(args: argparse.Namespace) -> dict:
@@ -320,7 +351,7 @@ def _eval(args: argparse.Namespace) -> int:
         _error(f"{args.data}: no row can be evaluated")
         return 1
     name = args.model or medusa_whisper.DEFAULT_MODEL
-    model = medusa_whisper.load_model(name, device=args.device, draft=args.draft)
+    model = medusa_whisper.load_model(name, device=args.device, draft=args.draft, **_compute_types(args))
     options = evaluation.EvalOptions(mode=args.mode, num_heads=args.num_heads, compare_vanilla=args.compare_vanilla,
                                      draft_tokens=args.draft_tokens, adaptive_lookahead=args.adaptive_lookahead,
                                      tree_width=args.tree_width, tree_nodes=args.tree_nodes,

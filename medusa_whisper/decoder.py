@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Hashable, List, Optional
+from typing import Callable, Hashable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from whisper.model import MultiHeadAttention, ResidualAttentionBlock, TextDecoder
 
+from .compute import projected_rows
 from .kv_cache import CrossKV, StaticKVCache
 
 
@@ -67,15 +68,40 @@ def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Opti
     x    : shape = (batch, n_query, n_state), already layer-normed
     k, v : shape = (batch, n_key, n_state), already projected
     mask : shape = (n_query, n_key) bool, True where attention is allowed; or None
+
+    Modules marked ``rows_alone`` (converted compute types, see compute.py) attend one query row at
+    a time over exactly the keys it may see, as a pass over that row alone would: batched attention
+    kernels round differently for different numbers of rows, and int8 or bfloat16 linears after
+    them turn such last-bit differences into different logits, so verifying K rows at once would
+    no longer equal greedy decoding.
     """
     q = attn.query(x)
+    if q.shape[1] > 1 and getattr(attn, "rows_alone", False):
+        return attn.out(torch.cat([_attention(q[:, i:i + 1], *_visible(k, v, mask, i), attn.n_head, None)
+                                   for i in range(q.shape[1])], dim=1))
+    return attn.out(_attention(q, k, v, attn.n_head, mask))
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, mask: Optional[Tensor]) -> Tensor:
+    """(batch, n_query, n_state) queries over (batch, n_key, n_state) keys and values, heads merged."""
     batch, n_query, n_state = q.shape
-    n_head = attn.n_head
     q = q.view(batch, n_query, n_head, -1).transpose(1, 2)  # (B, H, n_query, d_head)
     k = k.view(batch, k.shape[1], n_head, -1).transpose(1, 2)  # (B, H, n_key, d_head)
     v = v.view(batch, v.shape[1], n_head, -1).transpose(1, 2)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, n_query, d_head)
-    return attn.out(out.transpose(1, 2).reshape(batch, n_query, n_state))
+    return out.transpose(1, 2).reshape(batch, n_query, n_state)
+
+
+def _visible(k: Tensor, v: Tensor, mask: Optional[Tensor], row: int) -> Tuple[Tensor, Tensor]:
+    """The keys and values query ``row`` may see, in order: a prefix when the mask is causal."""
+    if mask is None:
+        return k, v
+    allowed = mask[row]
+    n = int(allowed.sum())
+    if bool(allowed[:n].all()):
+        return k[:, :n], v[:, :n]
+    index = allowed.nonzero()[:, 0]  # a tree: the cached prefix and this row's ancestors
+    return k.index_select(1, index), v.index_select(1, index)
 
 
 def block_forward(
@@ -137,7 +163,14 @@ def transposed_rows(owner: nn.Module, weight: Tensor, dtype: torch.dtype,
     transposed view of the (n_vocab, n_state) embedding is about twice as slow as against a
     contiguous transposed copy, and these projections are most of a small model's decoding time.
     The copy costs one more embedding's worth of memory. On CUDA the view is as fast: no copy.
+
+    For a model of another compute type (compute.py) it returns that type's projection instead
+    (``Int8Rows``: the rows in int8, prepacked once; ``HalfRows``: in bfloat16): ``states @ it``
+    gives their float32 logits, so callers that multiply with ``@`` need no change.
     """
+    converted = projected_rows(owner, weight, rows, rows_key)
+    if converted is not None:
+        return converted
     if weight.device.type != "cpu":
         return (weight if rows is None else weight[rows()]).to(dtype).T
     key = (weight.data_ptr(), _version(weight), dtype, rows_key)

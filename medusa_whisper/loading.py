@@ -6,17 +6,21 @@ this module only builds the model from a checkpoint dict and an optional heads f
 
 from __future__ import annotations
 
+import logging
+from dataclasses import asdict
 from typing import List, Optional, Union
 
 import torch
 import whisper
 from whisper.model import ModelDimensions
 
-from . import weights
+from . import compute, weights
 from .errors import CheckpointError
 from .drafting.draft_head import build_draft_head
 from .heads import MedusaConfig
 from .model import MedusaWhisper
+
+log = logging.getLogger(__name__)
 
 # The model `medusa-whisper transcribe` uses when none is named.
 DEFAULT_MODEL = "tiny.en"
@@ -96,21 +100,35 @@ def load_heads(path) -> dict:
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, torch.device]] = None,
-               medusa: Optional[MedusaConfig] = None, draft: Optional[Union[str, MedusaWhisper]] = None) -> MedusaWhisper:
+               medusa: Optional[MedusaConfig] = None, draft: Optional[Union[str, MedusaWhisper]] = None,
+               compute_type: str = "float32", draft_compute_type: Optional[str] = None) -> MedusaWhisper:
     """Load a model by name (see ``medusa-whisper models``) or from a path.
 
     device : "cpu", "cuda", ...; default: CUDA when available
     medusa : fresh heads of this configuration, for a base model without trained heads
     draft  : a draft model (name, path or model) for draft-model speculative decoding; it then
              proposes the candidates instead of the heads. Kept as ``model.draft_model``.
+    compute_type : "float32", "int8", "bfloat16" (CUDA: also "float16", "int8_float16"), see
+             compute.py; converted once at load, and cached for the next load
+    draft_compute_type : the draft's compute type (default: ``compute_type``); a named draft only
     """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    compute.check_compute_type(compute_type, device)
     if draft is not None:
-        model = load_model(name_or_path, device, medusa)
-        draft_model = draft if isinstance(draft, torch.nn.Module) else load_model(draft, device)
+        model = load_model(name_or_path, device, medusa, compute_type=compute_type)
+        draft_model = draft if isinstance(draft, torch.nn.Module) else load_model(
+            draft, device, compute_type=draft_compute_type or compute_type)
         # a plain attribute, not a submodule: the main model's state_dict stays whisper's
         object.__setattr__(model, "draft_model", draft_model.to(model.device).eval())
         return model
     resolved = weights.resolve(name_or_path)
+    converted_path = None
+    if compute_type != "float32" and medusa is None:
+        converted_path = compute.cache_path(compute.cache_key(_sources(resolved), compute_type), compute_type)
+        model = compute.load_converted(converted_path, _skeleton, compute_type, device)
+        if model is not None:
+            return model
     checkpoint = weights.load_checkpoint(resolved.checkpoint)
     heads = load_heads(resolved.heads) if resolved.heads else None
     model = build_model(checkpoint, heads, medusa, source=str(resolved.checkpoint))
@@ -123,6 +141,25 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
             model.set_alignment_heads(official)
         except RuntimeError:  # a checkpoint whose name says large-v2 but whose shape does not
             pass
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if compute_type != "float32":
+        compute.apply_compute_type(model, compute_type, device)
+        if converted_path is not None:
+            try:
+                compute.save_converted(model, converted_path, {"dims": asdict(model.dims),
+                                                               "medusa": model.medusa_config.to_dict()})
+            except OSError as e:  # a read-only cache only costs the next load its conversion
+                log.warning("%s: cannot cache the converted model (%s)", converted_path, e)
+    return model
+
+
+def _sources(resolved: weights.Resolved) -> dict:
+    """What a converted model is made from: the checkpoint's SHA-256 (from the manifest) or its
+    stamp, and the heads file's stamp."""
+    return {"checkpoint": weights.file_identity(resolved.checkpoint),
+            "heads": weights.file_identity(resolved.heads) if resolved.heads else None}
+
+
+def _skeleton(build_info: dict) -> MedusaWhisper:
+    """An empty float32 model of the stored shape, which a cached conversion's tensors then fill."""
+    return MedusaWhisper(ModelDimensions(**build_info["dims"]), MedusaConfig(**build_info["medusa"]))

@@ -199,6 +199,18 @@ def _manifest_entry(path: Path) -> Optional[dict]:
     return None
 
 
+def file_identity(path: Path) -> dict:
+    """What identifies a file's content cheaply: its path, size and modification time, and its
+    SHA-256 when the cache manifest has it (not computed here: that would read the whole file)."""
+    path = Path(path)
+    stat = path.stat()
+    identity = {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    entry = _manifest_entry(path)
+    if entry is not None and entry.get("sha256"):
+        identity["sha256"] = entry["sha256"]
+    return identity
+
+
 def _stamp(parts: Sequence[Path]) -> List[List[int]]:
     """Size and modification time of each source file: a changed source is converted again."""
     return [[p.stat().st_size, p.stat().st_mtime_ns] for p in parts]

@@ -7,7 +7,9 @@ loader converts to openai-whisper's layout and faster-whisper reads as they are)
 - openai-whisper greedy (``whisper.decode``, vanilla): the baseline every ratio is taken against;
 - medusa_whisper ``lossless`` and ``typical`` with the ``<model>-medusa`` heads, and ``lossless`` with
   ``<model>-medusa-block`` (rows say "skipped" when a heads file is missing), and ``medusa_whisper
-  off``: our decoder without speculation, which separates the implementation's gain from the heads';
+  off``: our decoder without speculation, which separates the implementation's gain from the heads',
+  once per compute type (``--compute-types``, default float32, int8, bfloat16), and per compute type
+  a lossless row for each ``--drafter``;
 - faster-whisper (CTranslate2), beam 1, temperature 0, no VAD: int8 and float32 on the CPU
   (int8_float16 and float16 on CUDA);
 - Hugging Face transformers greedy, when transformers is installed (it is not a dependency).
@@ -198,7 +200,23 @@ def read_clips(path: Path) -> List[Clip]:
 DRAFT_MODEL = "tiny.en"
 
 
-def build_systems(model_name: str, device: str, threads: int) -> List[System]:
+def drafter_system(drafter: str, model_name: str, device: str, compute_type: str) -> System:
+    """``--drafter NAME[@TYPE]``: draft-model decoding (lossless) with NAME drafting, at the row's
+    compute type or at TYPE (``base@int8`` with compute type float32: an int8 copy drafts, float32
+    verifies, so the output stays float32 greedy's)."""
+    draft, _, draft_type = drafter.partition("@")
+    label = f"medusa_whisper draft {drafter}" + ("" if compute_type == "float32" else f" {compute_type}")
+    note = (f"lossless, {draft} ({draft_type or compute_type}) drafts at most 5 tokens per step, "
+            f"{compute_type} verifies")
+    system = torch_system(label, model_name, device, "lossless", note, draft=draft, compute_type=compute_type,
+                          draft_compute_type=draft_type or None)
+    system.probe = ["--probe", "torch", "--model", model_name, "--mode", "lossless", "--draft", draft,
+                    "--compute-type", compute_type, *(["--draft-compute-type", draft_type] if draft_type else [])]
+    return system
+
+
+def build_systems(model_name: str, device: str, threads: int, compute_types=("float32",),
+                  drafters=()) -> List[System]:
     """Every row of the table, in table order; a system that cannot run has ``run=None`` and a note."""
     from medusa_whisper import weights
 
@@ -250,10 +268,17 @@ def build_systems(model_name: str, device: str, threads: int) -> List[System]:
                               "lossless, the CTC head's whole-window draft verified a chunk per pass")
         system.probe = ["--probe", "torch", "--model", model_name + "-ctc", "--mode", "lossless"]
         systems.append(system)
-    system = torch_system("medusa_whisper off", model_name, device, "off",
-                          "our decoder without speculation, one token per step")
-    system.probe = ["--probe", "torch", "--model", model_name, "--mode", "off"]
-    systems.append(system)
+    # a row per compute type for our decoder alone, and for the drafter(s) given with --drafter
+    for compute_type in compute_types:
+        suffix = "" if compute_type == "float32" else f" {compute_type}"
+        note = "our decoder without speculation, one token per step" + (
+            "" if compute_type == "float32" else f"; compute type {compute_type} (compute.py)")
+        system = torch_system("medusa_whisper off" + suffix, model_name, device, "off", note,
+                              compute_type=compute_type)
+        system.probe = ["--probe", "torch", "--model", model_name, "--mode", "off", "--compute-type", compute_type]
+        systems.append(system)
+        for drafter in drafters:
+            systems.append(drafter_system(drafter, model_name, device, compute_type))
     ct2_dir = weights.ctranslate2_dir(model_name)
     for compute in (("int8", "float32") if device == "cpu" else ("int8_float16", "float16")):
         system = faster_whisper_system(f"faster-whisper {compute}", ct2_dir, compute, threads, device)
@@ -470,6 +495,12 @@ def main() -> None:
     parser.add_argument("--clips", type=Path, default=None,
                         help="a ready bench CSV (audio, sentence, bucket) instead of building one")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
+    parser.add_argument("--compute-types", default=None,
+                        help="comma-separated compute types of the `medusa_whisper off` (and --drafter) rows "
+                             "(default: float32,int8,bfloat16 on the CPU, float32,float16 on CUDA)")
+    parser.add_argument("--drafter", action="append", default=[], metavar="NAME[@TYPE]",
+                        help="also a lossless draft-model row per compute type with this draft (repeatable); "
+                             "@TYPE fixes the draft's compute type, e.g. base@int8")
     parser.add_argument("--out", type=Path, default=ROOT / "bench_out")
     args = parser.parse_args()
 
@@ -489,7 +520,9 @@ def main() -> None:
     else:
         clip_csv = args.clips
     clips = read_clips(clip_csv)
-    systems = build_systems(args.model, args.device, args.threads)
+    compute_types = (args.compute_types.split(",") if args.compute_types else
+                     ["float32", "int8", "bfloat16"] if args.device == "cpu" else ["float32", "float16"])
+    systems = build_systems(args.model, args.device, args.threads, compute_types, args.drafter)
     measure(systems, clips, rounds)
     rows = summarize(systems, clips, rounds)
     if not (args.quick or args.no_memory):
