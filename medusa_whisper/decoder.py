@@ -66,7 +66,7 @@ def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Opti
     """Multi-head attention of queries from x over given keys and values.
 
     x    : shape = (batch, n_query, n_state), already layer-normed
-    k, v : shape = (batch, n_key, n_state), already projected
+    k, v : shape = (batch, n_key, n_state) or head-major (batch, n_head, n_key, d_head), already projected
     mask : shape = (n_query, n_key) bool, True where attention is allowed; or None
 
     Modules marked ``rows_alone`` (converted compute types, see compute.py) attend one query row at
@@ -83,11 +83,13 @@ def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Opti
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, mask: Optional[Tensor]) -> Tensor:
-    """(batch, n_query, n_state) queries over (batch, n_key, n_state) keys and values, heads merged."""
+    """(batch, n_query, n_state) queries over (batch, n_key, n_state) keys and values, heads merged;
+    keys and values may also come head-major, (batch, n_head, n_key, d_head), as CrossKV keeps them."""
     batch, n_query, n_state = q.shape
     q = q.view(batch, n_query, n_head, -1).transpose(1, 2)  # (B, H, n_query, d_head)
-    k = k.view(batch, k.shape[1], n_head, -1).transpose(1, 2)  # (B, H, n_key, d_head)
-    v = v.view(batch, v.shape[1], n_head, -1).transpose(1, 2)
+    if k.dim() == 3:
+        k = k.view(batch, k.shape[1], n_head, -1).transpose(1, 2)  # (B, H, n_key, d_head)
+        v = v.view(batch, v.shape[1], n_head, -1).transpose(1, 2)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, n_query, d_head)
     return out.transpose(1, 2).reshape(batch, n_query, n_state)
 

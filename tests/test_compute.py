@@ -164,6 +164,8 @@ def test_converted_model_loads_from_its_cache(tmp_path, monkeypatch):
     first_state, second_state = first.state_dict(), second.state_dict()
     assert first_state.keys() == second_state.keys()
     assert all(torch.equal(first_state[k], second_state[k]) for k in first_state)
+    # the int8 kernels crash on weights that are not 64-byte aligned, which file offsets need not be
+    assert all(t.data_ptr() % 64 == 0 for t in second_state.values())
     assert torch.equal(first.alignment_heads.to_dense(), second.alignment_heads.to_dense())
     mel = mel_of(JFK)
     a, b = decode(first, mel, GREEDY, mode="off"), decode(second, mel, GREEDY, mode="off")
