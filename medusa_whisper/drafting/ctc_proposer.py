@@ -54,6 +54,9 @@ class DraftSettings:
     timestamps: str = "aligned"
     timestamp_offset: float = 0.0  # seconds added to a segment's CTC end time
     draft_end_of_text: bool = True
+    # replace drafted words that are not a word of the main model's vocabulary by the nearest one
+    # (drafting.ctc_lexicon)
+    snap_words: bool = False
 
     @classmethod
     def from_dict(cls, values: Optional[dict]) -> "DraftSettings":
@@ -137,6 +140,10 @@ class CtcProposer(Proposer):
         super().__init__()
         self.stats.seconds += setup_seconds
         self.setup_seconds = setup_seconds
+        if settings.snap_words:
+            from .ctc_lexicon import lexicon, snap_draft
+
+            draft = snap_draft(draft, lexicon(tokenizer.encoding.name.split(".")[0]))
         self.draft, self.tokenizer, self.settings = draft, tokenizer, settings
         self.timestamps = timestamps
         self.lossy_entropy = lossy_entropy
@@ -152,7 +159,8 @@ class CtcProposer(Proposer):
         self.acceptance = settings.prior_acceptance
         self.end_refused_at: Optional[int] = None  # anchor at which the draft's end (timestamp, end of text) was refused
         self.counts: Dict[str, int] = dict(passes=0, realignments=0, lost=0, timestamps_proposed=0,
-                                           timestamps_accepted=0, eot_proposed=0, eot_accepted=0, unverified=0)
+                                           timestamps_accepted=0, eot_proposed=0, unverified=0)
+        # (an accepted end of text ends the decoding: no commit follows, so it is not counted here)
 
     @classmethod
     def for_head(cls, head, model, audio_features: Tensor, options) -> "CtcProposer":
@@ -206,8 +214,6 @@ class CtcProposer(Proposer):
         for token in self.plan[:k]:
             if token >= self.tokenizer.timestamp_begin:
                 self.counts["timestamps_accepted"] += 1
-            elif token == self.tokenizer.eot:
-                self.counts["eot_accepted"] += 1
 
     def _committed_text(self) -> str:
         return self.tokenizer.decode([t for t in self.stream if t < self.tokenizer.eot])
