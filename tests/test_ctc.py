@@ -153,11 +153,13 @@ def test_replay_counts_the_passes_the_decoding_loop_takes(tiny, jfk_mel):
             initial = list(tokenizer.sot_sequence_including_notimestamps if without_timestamps
                            else tokenizer.sot_sequence)
             for text in (JFK_TEXT, CORRUPTED):
-                tiny.draft_head = FixedDraft(text)
+                # the verifier's guesses at rejected rows (jacobi) need a decoder: not replayed
+                settings = DraftSettings(jacobi=False)
+                tiny.draft_head = FixedDraft(text, settings=settings)
                 result = medusa_whisper.decode(tiny, jfk_mel, language="en", without_timestamps=without_timestamps)
-                proposer = FixedDraft(text).proposer(tiny, None, replace(
+                proposer = FixedDraft(text, settings=settings).proposer(tiny, None, replace(
                     decoding.MedusaDecodingOptions(), without_timestamps=without_timestamps))
-                replayed = replay(proposer, initial, expected.tokens + [tokenizer.eot], tokenizer.eot)
+                replayed = replay(proposer, initial, expected.tokens + [tokenizer.eot], tokenizer.eot, settings)
                 assert replayed.tokens == result.tokens_produced
                 assert replayed.passes == result.decoder_steps, (text, without_timestamps)
     finally:
