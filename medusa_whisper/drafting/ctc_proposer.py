@@ -13,8 +13,11 @@ not the rest of the window.
 - Chunk length: per pass, the one that maximises the expected tokens per unit of pass cost, from
   the measured cost of a pass over n rows and a running estimate of the per-token acceptance. When
   the draft keeps failing, the estimate falls and the chunks shrink, down to plain steps.
-- Timestamps (when the decoding has them): segment ends are drafted at sentence ends of the draft,
-  their time from the CTC frame alignment; a new segment's start repeats the previous end.
+- Timestamps (when the decoding has them): a chunk stops at a sentence end of the draft, where the
+  verifier's own token says whether and when the segment ends; a new segment's start is drafted as
+  a repeat of the previous end (93 % of whisper's pairs are equal in the training labels). Segment
+  ends timed by the CTC frame alignment (``timestamps="aligned"``) were measured: 0 of 18 accepted
+  on held-out windows (whisper favours whole seconds), so they are not drafted by default.
 - End of text is drafted after the draft's last word.
 - LOSSY, only with ``lossy_ctc_entropy``: leading tokens whose CTC frames all have entropy below
   that are marked unverified, and the loop accepts them without comparing them with the verifier.
@@ -51,7 +54,7 @@ class DraftSettings:
     acceptance_memory: float = 0.1  # weight of each new verdict in the running estimate
     # "aligned": draft segment-end timestamps from the CTC frames; "repeat": only the start of the
     # next segment (a copy of the end); "none": leave every timestamp to the verifier
-    timestamps: str = "aligned"
+    timestamps: str = "repeat"
     timestamp_offset: float = 0.0  # seconds added to a segment's CTC end time
     draft_end_of_text: bool = True
     # replace drafted words that are not a word of the main model's vocabulary by the nearest one
