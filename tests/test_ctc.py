@@ -114,7 +114,7 @@ def test_chunks_grow_with_acceptance_and_stop_when_drafts_fail():
     base_costs = DraftSettings()
     assert choose_chunk(0.95, base_costs) >= 8
     assert 1 <= choose_chunk(0.5, base_costs) < choose_chunk(0.95, base_costs)
-    tiny_costs = DraftSettings(row_costs=(1.0, 1.21, 1.90, 2.27, 2.28))  # tiny.en's: a second row is dear
+    tiny_costs = DraftSettings(cost_rows=(1, 2, 4, 8, 16), row_costs=(1.0, 1.21, 1.90, 2.27, 2.28))  # dear rows
     assert choose_chunk(0.1, tiny_costs) == 0
     assert choose_chunk(0.9, replace(tiny_costs, fixed_chunk=3)) == 3
 

@@ -47,9 +47,11 @@ class DraftSettings:
 
     max_chunk: int = 16  # most draft tokens per pass
     fixed_chunk: int = 0  # > 0: always this many tokens per pass (else chosen per pass)
-    # relative cost of one decoder pass over n rows (base on the 2-core CPU; FACTS.md)
-    cost_rows: Tuple[int, ...] = (1, 2, 4, 8, 16)
-    row_costs: Tuple[float, ...] = (1.0, 1.07, 1.39, 1.63, 2.22)
+    # relative cost of one decoder pass over n rows: base, 2 threads, this project's 2-core CPU at load
+    # 1 (a single row 13.7 ms; two rows pay a second 3.9-ms vocabulary product, as PyTorch runs a
+    # 2- or 3-row product row by row; tools in the head file's record)
+    cost_rows: Tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    row_costs: Tuple[float, ...] = (1.0, 1.61, 1.69, 1.83, 2.24, 3.05)
     prior_acceptance: float = 0.8  # per-token acceptance at a window's start
     acceptance_memory: float = 0.1  # weight of each new verdict in the running estimate
     # "aligned": draft segment-end timestamps from the CTC frames; "repeat": only the start of the
