@@ -246,6 +246,8 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
 
         last = len(pending) - 1  # row of the last accepted token
         logits = project(decoder, base_state(hidden[0, last:]))  # (1 + len(tree), n_vocab)
+        # the verifier's own guess at every row, before filtering (beyond the accepted path too)
+        predictions = logits.argmax(dim=-1).tolist() if proposer is not None else []
         verdict = verify(logits, tree, tokens, filters, options, tokenizer.eot, limit - len(tokens))
         tokens += verdict.tokens
         sum_logprob += verdict.logprob
@@ -264,7 +266,8 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
         if proposer is not None:
             accepted = [tree.tokens[node] for node in verdict.path]
             proposer.commit(Committed(tokens=pending + accepted, hidden=kept_hidden, position=start,
-                                      next_token=tokens[-1], n_accepted=verdict.n_accepted, n_proposed=len(tree)))
+                                      next_token=tokens[-1], n_accepted=verdict.n_accepted, n_proposed=len(tree),
+                                      predictions=predictions))
             tree = proposer.propose()
         pending = [tokens[-1]]
 

@@ -114,7 +114,7 @@ def test_chunks_grow_with_acceptance_and_stop_when_drafts_fail():
     base_costs = DraftSettings()
     assert choose_chunk(0.95, base_costs) >= 8
     assert 1 <= choose_chunk(0.5, base_costs) < choose_chunk(0.95, base_costs)
-    tiny_costs = DraftSettings(row_costs=(1.0, 1.21, 1.90, 2.27, 2.28))  # tiny.en's: a second row is dear
+    tiny_costs = DraftSettings(cost_rows=(1, 2, 4, 8, 16), row_costs=(1.0, 1.21, 1.90, 2.27, 2.28))  # dear rows
     assert choose_chunk(0.1, tiny_costs) == 0
     assert choose_chunk(0.9, replace(tiny_costs, fixed_chunk=3)) == 3
 
@@ -153,11 +153,13 @@ def test_replay_counts_the_passes_the_decoding_loop_takes(tiny, jfk_mel):
             initial = list(tokenizer.sot_sequence_including_notimestamps if without_timestamps
                            else tokenizer.sot_sequence)
             for text in (JFK_TEXT, CORRUPTED):
-                tiny.draft_head = FixedDraft(text)
+                # the verifier's guesses at rejected rows (jacobi) need a decoder: not replayed
+                settings = DraftSettings(jacobi=False)
+                tiny.draft_head = FixedDraft(text, settings=settings)
                 result = medusa_whisper.decode(tiny, jfk_mel, language="en", without_timestamps=without_timestamps)
-                proposer = FixedDraft(text).proposer(tiny, None, replace(
+                proposer = FixedDraft(text, settings=settings).proposer(tiny, None, replace(
                     decoding.MedusaDecodingOptions(), without_timestamps=without_timestamps))
-                replayed = replay(proposer, initial, expected.tokens + [tokenizer.eot], tokenizer.eot)
+                replayed = replay(proposer, initial, expected.tokens + [tokenizer.eot], tokenizer.eot, settings)
                 assert replayed.tokens == result.tokens_produced
                 assert replayed.passes == result.decoder_steps, (text, without_timestamps)
     finally:

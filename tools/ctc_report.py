@@ -50,7 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--csv", type=Path, default=ROOT / "data" / "real" / "real.csv")
     parser.add_argument("--model", default="base", help="base model; the head is <model>-ctc")
-    parser.add_argument("--head", default=None, help="heads name or path instead of <model>-ctc")
+    parser.add_argument("--head", default=None, help="a heads file (named <model>-ctc.pt) instead of weights/<model>-ctc.pt")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--timestamps", action="store_true", help="decode with timestamps")
@@ -62,7 +62,11 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()[0]
-    model = medusa_whisper.load_model(args.head or f"{args.model}-ctc", device="cpu")
+    name = args.head or f"{args.model}-ctc"
+    if Path(name).is_file():  # a heads file elsewhere: loaded by its name from its folder
+        os.environ["MEDUSA_WHISPER_HEADS_DIR"] = str(Path(name).resolve().parent)
+        name = Path(name).stem
+    model = medusa_whisper.load_model(name, device="cpu")
     head = model.draft_head
     if args.decoding:
         head.config.decoding = {**head.config.decoding, **args.decoding}

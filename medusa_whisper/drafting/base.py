@@ -35,6 +35,9 @@ class Committed:
     next_token: int  # the verifier's own token after them: fed, and committed, next pass
     n_accepted: int  # how many of ``tokens`` were candidates (they are its tail)
     n_proposed: int  # how many candidate nodes were verified
+    # the verifier's argmax (before logit filters) at the last pending token (index 0) and at each
+    # candidate node (1 + node), rejected ones included: what it would say after each of them
+    predictions: List[int] = field(default_factory=list)
 
     @property
     def accepted(self) -> List[int]:

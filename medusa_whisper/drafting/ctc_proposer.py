@@ -13,8 +13,11 @@ not the rest of the window.
 - Chunk length: per pass, the one that maximises the expected tokens per unit of pass cost, from
   the measured cost of a pass over n rows and a running estimate of the per-token acceptance. When
   the draft keeps failing, the estimate falls and the chunks shrink, down to plain steps.
-- Timestamps (when the decoding has them): segment ends are drafted at sentence ends of the draft,
-  their time from the CTC frame alignment; a new segment's start repeats the previous end.
+- Timestamps (when the decoding has them): a chunk stops at a sentence end of the draft, where the
+  verifier's own token says whether and when the segment ends; a new segment's start is drafted as
+  a repeat of the previous end (93 % of whisper's pairs are equal in the training labels). Segment
+  ends timed by the CTC frame alignment (``timestamps="aligned"``) were measured: 0 of 18 accepted
+  on held-out windows (whisper favours whole seconds), so they are not drafted by default.
 - End of text is drafted after the draft's last word.
 - LOSSY, only with ``lossy_ctc_entropy``: leading tokens whose CTC frames all have entropy below
   that are marked unverified, and the loop accepts them without comparing them with the verifier.
@@ -44,16 +47,24 @@ class DraftSettings:
 
     max_chunk: int = 16  # most draft tokens per pass
     fixed_chunk: int = 0  # > 0: always this many tokens per pass (else chosen per pass)
-    # relative cost of one decoder pass over n rows (base on the 2-core CPU; FACTS.md)
-    cost_rows: Tuple[int, ...] = (1, 2, 4, 8, 16)
-    row_costs: Tuple[float, ...] = (1.0, 1.07, 1.39, 1.63, 2.22)
+    # relative cost of one decoder pass over n rows: base, 2 threads, this project's 2-core CPU at load
+    # 1 (a single row 13.7 ms; two rows pay a second 3.9-ms vocabulary product, as PyTorch runs a
+    # 2- or 3-row product row by row; tools in the head file's record)
+    cost_rows: Tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    row_costs: Tuple[float, ...] = (1.0, 1.61, 1.69, 1.83, 2.24, 3.05)
     prior_acceptance: float = 0.8  # per-token acceptance at a window's start
     acceptance_memory: float = 0.1  # weight of each new verdict in the running estimate
     # "aligned": draft segment-end timestamps from the CTC frames; "repeat": only the start of the
     # next segment (a copy of the end); "none": leave every timestamp to the verifier
-    timestamps: str = "aligned"
+    timestamps: str = "repeat"
     timestamp_offset: float = 0.0  # seconds added to a segment's CTC end time
     draft_end_of_text: bool = True
+    # replace drafted words that are not a word of the main model's vocabulary by the nearest one
+    # (drafting.ctc_lexicon)
+    snap_words: bool = False
+    # after a rejection, also propose what the verifier itself predicted after the rejected tokens
+    # (its own spelling, from the last pass's rows), as a second branch beside the draft
+    jacobi: bool = True
 
     @classmethod
     def from_dict(cls, values: Optional[dict]) -> "DraftSettings":
@@ -137,6 +148,10 @@ class CtcProposer(Proposer):
         super().__init__()
         self.stats.seconds += setup_seconds
         self.setup_seconds = setup_seconds
+        if settings.snap_words:
+            from .ctc_lexicon import lexicon, snap_draft
+
+            draft = snap_draft(draft, lexicon(tokenizer.encoding.name.split(".")[0]))
         self.draft, self.tokenizer, self.settings = draft, tokenizer, settings
         self.timestamps = timestamps
         self.lossy_entropy = lossy_entropy
@@ -149,10 +164,15 @@ class CtcProposer(Proposer):
         self.plan: List[int] = []  # the continuation computed at the last proposal (one past the chunk)
         self.plan_d: List[int] = []  # draft position after each planned token
         self.proposed = 0  # how many of ``plan`` were proposed
+        self.draft_nodes: List[int] = []  # the tree nodes of the proposed draft tokens
+        self.jacobi: List[int] = []  # the verifier's guesses after the last rejection
+        self.jacobi_branch: Tuple[List[int], List[int]] = ([], [])  # proposed guesses and their nodes
         self.acceptance = settings.prior_acceptance
         self.end_refused_at: Optional[int] = None  # anchor at which the draft's end (timestamp, end of text) was refused
         self.counts: Dict[str, int] = dict(passes=0, realignments=0, lost=0, timestamps_proposed=0,
-                                           timestamps_accepted=0, eot_proposed=0, eot_accepted=0, unverified=0)
+                                           timestamps_accepted=0, eot_proposed=0, unverified=0,
+                                           jacobi_proposed=0)
+        # (an accepted end of text ends the decoding: no commit follows, so it is not counted here)
 
     @classmethod
     def for_head(cls, head, model, audio_features: Tensor, options) -> "CtcProposer":
@@ -174,15 +194,22 @@ class CtcProposer(Proposer):
             self.stream = self._after_start_sequence(committed.tokens) + [committed.next_token]
             self._realign()
             return
-        k = committed.n_accepted
-        self._count_accepted(k, committed.n_proposed)
-        if k:
-            self.stream += committed.accepted
+        k, accepted = committed.n_accepted, committed.accepted
+        draft = self.plan[: self.proposed]
+        on_draft = accepted == draft[:k]  # (where the branches share a prefix, the draft's is taken)
+        branch_tokens, branch_nodes = (draft, self.draft_nodes) if on_draft else self.jacobi_branch
+        self._count_accepted(accepted, k < len(branch_tokens))
+        # what the verifier said after each rejected node: a guess of what follows its own token
+        self.jacobi = ([committed.predictions[1 + node] for node in branch_nodes[k:]]
+                       if self.settings.jacobi and committed.predictions and k < len(branch_tokens) else [])
+        self.stream += accepted
+        if k and on_draft:
             self.anchor_d, self.anchor_c = self.plan_d[k - 1], len(self._committed_text())
-        if k < committed.n_proposed and self.plan[k] >= self.tokenizer.eot and committed.next_token < self.tokenizer.eot:
+        if on_draft and k < len(draft) and self.plan[k] >= self.tokenizer.eot \
+                and committed.next_token < self.tokenizer.eot:
             self.end_refused_at = self.anchor_d  # the verifier goes on with text: no more ends until in step
         self.stream.append(committed.next_token)
-        if k == committed.n_proposed and k < len(self.plan) and self.plan[k] == committed.next_token:
+        if on_draft and k == len(draft) and k < len(self.plan) and self.plan[k] == committed.next_token:
             # the verifier's own token is the draft's next one: still in step
             self.anchor_d, self.anchor_c = self.plan_d[k], len(self._committed_text())
             self.d_pos = self.anchor_d
@@ -199,15 +226,11 @@ class CtcProposer(Proposer):
             i += 1
         return tokens[i:]
 
-    def _count_accepted(self, k: int, n_proposed: int) -> None:
-        outcomes = [1.0] * k + ([0.0] if k < n_proposed else [])
+    def _count_accepted(self, accepted: List[int], refused: bool) -> None:
+        outcomes = [1.0] * len(accepted) + ([0.0] if refused else [])
         for outcome in outcomes:
             self.acceptance += self.settings.acceptance_memory * (outcome - self.acceptance)
-        for token in self.plan[:k]:
-            if token >= self.tokenizer.timestamp_begin:
-                self.counts["timestamps_accepted"] += 1
-            elif token == self.tokenizer.eot:
-                self.counts["eot_accepted"] += 1
+        self.counts["timestamps_accepted"] += sum(t >= self.tokenizer.timestamp_begin for t in accepted)
 
     def _committed_text(self) -> str:
         return self.tokenizer.decode([t for t in self.stream if t < self.tokenizer.eot])
@@ -242,6 +265,8 @@ class CtcProposer(Proposer):
 
     def _propose(self) -> CandidateTree:
         k = choose_chunk(self.acceptance, self.settings)
+        jacobi, self.jacobi = self.jacobi, []
+        self.draft_nodes, self.jacobi_branch = [], ([], [])
         if self.lossy_entropy is None and k == 0:
             # a plain step; the estimate drifts back, so that drafting is tried again later
             self.acceptance += self.settings.acceptance_memory * (self.settings.prior_acceptance - self.acceptance)
@@ -256,12 +281,28 @@ class CtcProposer(Proposer):
             unverified = self._confident_prefix()
             self.counts["unverified"] += unverified
         self.proposed = min(len(self.plan), unverified + k)
-        for token in self.plan[: self.proposed]:
+        draft = self.plan[: self.proposed]
+        for token in draft:
             if token >= self.tokenizer.timestamp_begin:
                 self.counts["timestamps_proposed"] += 1
             elif token == self.tokenizer.eot:
                 self.counts["eot_proposed"] += 1
-        return CandidateTree.chain(self.plan[: self.proposed], unverified=unverified)
+        self.draft_nodes = list(range(len(draft)))
+        jacobi = jacobi[: max(k, 1)]
+        shared = 0
+        while shared < min(len(jacobi), len(draft)) and jacobi[shared] == draft[shared]:
+            shared += 1
+        if unverified or shared == len(jacobi):
+            return CandidateTree.chain(draft, unverified=unverified)
+        # a second branch: the verifier's own guesses from the last pass, where they leave the draft
+        self.counts["jacobi_proposed"] += len(jacobi) - shared
+        parents = list(range(-1, len(draft) - 1))
+        nodes = self.draft_nodes[:shared]
+        for i in range(shared, len(jacobi)):
+            parents.append(nodes[-1] if nodes else -1)
+            nodes.append(len(parents) - 1)
+        self.jacobi_branch = (jacobi, nodes)
+        return CandidateTree(tuple(draft) + tuple(jacobi[shared:]), tuple(parents))
 
     def continuation(self, max_tokens: int) -> Tuple[List[int], List[int]]:
         """The draft's next tokens after everything committed (the verifier's next token included),
