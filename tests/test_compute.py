@@ -97,7 +97,8 @@ def _check_lossless(base, compute_type, clips):
 
 @pytest.mark.parametrize("compute_type", TYPES)
 def test_tiny_en_lossless_equals_greedy_at_the_same_compute_type(tiny_en, compute_type):
-    _check_lossless(tiny_en, compute_type, [JFK, DATA / "flite_train.flac"])
+    # bfloat16 verifies row by row (see HalfLinear.rows_alone), which is slow: one clip in the quick set
+    _check_lossless(tiny_en, compute_type, [JFK] + ([DATA / "flite_train.flac"] if compute_type == "int8" else []))
 
 
 @pytest.mark.slow
