@@ -156,7 +156,9 @@ def test_word_timestamps_and_forced_fallback_equal_whispers(long_recording, bloc
 
 
 def test_initial_prompt_is_carried_into_every_window(block_model, monkeypatch):
-    from medusa_whisper import transcribe as transcribe_module
+    import importlib
+
+    transcribe_module = importlib.import_module("medusa_whisper.transcribe")  # the module, not the function
 
     prompts = []
     original = transcribe_module.decode
