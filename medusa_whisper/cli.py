@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -200,6 +201,17 @@ def _add_transcribe_parser(commands) -> None:
     _option(t, "--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
     _add_draft_arguments(t)
 
+    many = t.add_argument_group("many machines (Ray; pip install 'medusa-whisper[ray]')")
+    many.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                      help="transcribe on a pool of Ray workers: a local Ray on this machine, or the cluster at "
+                           "ADDRESS (host:port or auto); outputs as without --ray, done files skipped, failures "
+                           "in OUT/failed.tsv")
+    _option(many, "--workers", type=_positive_int, default=1, metavar="N", help="Ray workers, one model each (default 1)")
+    _option(many, "--threads-per-worker", type=_positive_int, default=1, metavar="N",
+            help="torch threads (and Ray CPUs) per worker (default 1)")
+    _option(many, "--manifest", type=Path, default=None, metavar="FILE",
+            help="more inputs: one path or fsspec URL (s3://..., gs://...) per line")
+
     decoding = t.add_argument_group("decoding (whisper's options; speculation applies to greedy decoding)")
     decoding.add_argument("--temperature", type=float, default=0.0,
                           help="temperature of the first decode of each window (0: greedy, speculative)")
@@ -322,8 +334,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _usage_problem(args: argparse.Namespace) -> Optional[str]:
     """Option combinations that cannot work, said before any file is read (exit status 2)."""
-    if not args.audio:
+    if not args.audio and args.manifest is None:
         return "no audio files given (usage: medusa-whisper AUDIO ... [options]; see --help)"
+    if args.ray is None and args.manifest is not None:
+        return "--manifest needs --ray"
+    if args.ray is not None and args.output_dir is None:
+        return "--ray needs --output-dir"
     if args.hallucination_silence_threshold is not None and not args.word_timestamps:
         return "--hallucination-silence-threshold needs --word-timestamps"
     for flag in WRITER_OPTIONS:
@@ -357,10 +373,15 @@ def _transcribe(args: argparse.Namespace) -> int:
     for name, value in (WHISPER_DEFAULTS if args.whisper_form else TRANSCRIBE_DEFAULTS).items():
         if getattr(args, name) is UNSET:
             setattr(args, name, value)
+    if args.ray not in (None, "local") and not _looks_like_address(args.ray):
+        args.audio.insert(0, args.ray)  # `--ray talk.wav ...`: the first input, not an address
+        args.ray = "local"
     problem = _usage_problem(args)
     if problem:
         _error(problem)
         return 2
+    if args.ray is not None:
+        return _transcribe_on_ray(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device is not None and args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -421,6 +442,49 @@ def _transcribe(args: argparse.Namespace) -> int:
     return 1 if summary.failed else 0
 
 
+def _looks_like_address(text: str) -> bool:
+    return text == "auto" or text.startswith("ray://") or (":" in text and not os.path.exists(text))
+
+
+def _transcribe_on_ray(args: argparse.Namespace) -> int:
+    import medusa_whisper
+    from . import distributed
+    from .batch import output_clash
+
+    failed = 0
+
+    def problem_line(message) -> None:
+        nonlocal failed
+        _error(message)
+        failed += 1
+
+    ray = distributed.import_ray()  # noqa: F841 (one line now, before any work, when it is missing)
+    jobs = distributed.collect_inputs(args.audio, args.manifest, problem_line)
+    output_formats = formats(args.output_format)
+    clash = output_clash(jobs, output_formats)
+    if clash:
+        _error(clash)
+        return 2
+    for note in _options_notes(args):
+        _note(note)
+
+    def done(outcome) -> None:
+        if outcome.ok and args.verbose is UNSET:
+            _write(f"{outcome.job.path}: {outcome.text.strip()}", sys.stdout)
+
+    ray_options = distributed.RayOptions(
+        address=None if args.ray == "local" else args.ray, workers=args.workers,
+        threads_per_worker=args.threads_per_worker, model=args.model or medusa_whisper.DEFAULT_MODEL,
+        device=args.device, draft=args.draft, download_root=args.model_dir)
+    summary = distributed.transcribe_archive(
+        jobs, args.output_dir, output_formats, transcribe_options(args, for_workers=True),
+        {k: getattr(args, k) for k in WRITER_OPTIONS}, ray_options, on_problem=_error, on_done=done,
+        progress=sys.stderr.isatty() and args.verbose is not None)
+    summary.failed += failed
+    _write(f"{PROG}: {summary.line()}", sys.stderr)
+    return 1 if summary.failed else 0
+
+
 def _run_jobs(model, jobs, args: argparse.Namespace, output_formats, summary, many: bool) -> None:
     from .batch import transcribe_job
 
@@ -442,14 +506,17 @@ def _run_jobs(model, jobs, args: argparse.Namespace, output_formats, summary, ma
             _write(f"{job.path}: {text}" if many else text, sys.stdout)
 
 
-def transcribe_options(args: argparse.Namespace) -> dict:
-    """model.transcribe's keyword arguments from the command line (whisper's CLI rules)."""
+def transcribe_options(args: argparse.Namespace, for_workers: bool = False) -> dict:
+    """model.transcribe's keyword arguments from the command line (whisper's CLI rules).
+
+    for_workers: without ``verbose`` (a worker prints nothing) and with the English-only rule applied later
+    """
     if args.temperature_increment_on_fallback is not None:
         steps = np.arange(args.temperature, 1.0 + 1e-6, args.temperature_increment_on_fallback)
         temperature = tuple(round(float(t), 6) for t in steps)  # 0.6, not whisper's 0.6000000000000001
     else:
         temperature = (args.temperature,)
-    verbose = args.verbose if args.verbose in (True, False) else None
+    verbose = args.verbose if args.verbose in (True, False) and not for_workers else None
     return dict(mode=args.mode, num_heads=args.num_heads, draft_tokens=args.draft_tokens,
                 adaptive_lookahead=args.adaptive_lookahead, language=args.language, task=args.task,
                 temperature=temperature, compression_ratio_threshold=args.compression_ratio_threshold,
