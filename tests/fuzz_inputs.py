@@ -177,7 +177,7 @@ def build(folder: Path) -> List[Case]:
             b.bytes(f"bitrot_{ext}_{seed}.{ext}", bytes(rot), "either")
 
     # -- not audio at all
-    b.bytes("notes.mp3", b"Meeting notes\nbring the slides\n" * 40, "bad", "not a readable audio file")
+    b.bytes("notes.mp3", b"Meeting notes\nbring the slides\n" * 40, "bad", "it holds text")
     b.bytes("page.mp3", b"<!DOCTYPE html><html><body>404 Not Found</body></html>\n", "bad")
     b.bytes("image.png.wav", b"\x89PNG\r\n\x1a\n" + b.random(2000), "bad")
     b.bytes("archive.zip.flac", b"PK\x03\x04" + b.random(2000), "bad")
@@ -188,7 +188,8 @@ def build(folder: Path) -> List[Case]:
     # -- things that are not regular files, and files the user may not read
     b.make("folder.wav", lambda p: p.mkdir(), "bad", "directory")
     b.make("fifo.wav", lambda p: os.mkfifo(p), "bad", "not a regular file")
-    b.make("broken_link.wav", lambda p: p.symlink_to(folder / "does_not_exist.wav"), "bad", "no such file")
+    b.make("broken_link.wav", lambda p: p.symlink_to(folder / "does_not_exist.wav"), "bad",
+           "broken symbolic link")
     b.make("link_loop.wav", lambda p: p.symlink_to(p), "bad", "")
     b.make("good_link.flac", lambda p: p.symlink_to(folder / "good_flac.flac"), "good")
     b.make("unreadable.flac", lambda p: (p.write_bytes(valid["flac"]), p.chmod(0)), "bad", "permission")
