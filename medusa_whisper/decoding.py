@@ -1,10 +1,11 @@
-"""Medusa decoding: propose with the heads, verify in one decoder pass, accept, commit.
+"""Speculative greedy decoding: propose candidates, verify them in one decoder pass, accept, commit.
 
-One step feeds the last accepted token plus K candidates (positions t..t+K) through the decoder.
-The base logits at those positions verify the candidates; the longest acceptable prefix is kept,
-plus the verifier's own token at the first rejected position (the bonus token), so every step
-yields at least one token. The heads, applied at the last accepted position of the same pass,
-propose the next candidates. The cache rolls back to drop the rejected candidates.
+One step feeds the last accepted token plus a tree of candidates (a chain is a tree with one
+branch) through the decoder, each candidate at the position of its depth and attending only to its
+ancestors. The base logits verify the candidates: the longest path of acceptable candidates is
+kept, plus the verifier's own token after it (the bonus token), so every step yields at least one
+token. The cache drops the rest (a length reset for a chain, a compaction for a tree). Who proposes
+(Medusa heads, a draft model, a draft head) is behind ``drafting.base.Proposer``.
 
 Setup (tokenizer, initial tokens, logit filters, sample length, language detection) is whisper's
 own ``DecodingTask``, so options mean exactly what they mean in ``whisper.decode``.
@@ -24,7 +25,10 @@ from whisper.decoding import DecodingOptions, DecodingResult, DecodingTask, Logi
 from whisper.model import Whisper
 from whisper.utils import compression_ratio
 
-from .decoder import chain_mask, decoder_hidden, medusa_block_hidden, new_cache, project, transposed_rows
+from .decoder import decoder_hidden, new_cache, project
+from .drafting.base import Committed, Proposer, ProposerStats
+from .drafting.medusa import MedusaProposer
+from .drafting.tree import CandidateTree
 from .heads import MedusaHeads
 
 MODES = ("lossless", "typical", "off")
@@ -47,6 +51,13 @@ class MedusaDecodingOptions(DecodingOptions):
     # whether that number adapts to the acceptance rate (seed 004's rule)
     draft_tokens: int = 5
     adaptive_lookahead: bool = False
+    # candidate trees: each drafted position offers its `tree_width` best tokens (1: a chain) and
+    # at most `tree_nodes` candidates are verified per pass (None: the proposer's default)
+    tree_width: int = 1
+    tree_nodes: Optional[int] = None
+    # LOSSY, never the default: with a CTC draft head, drafted tokens whose CTC frames all have an
+    # entropy below this many nats are accepted without verification (None: every token is verified)
+    lossy_ctc_entropy: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -55,13 +66,14 @@ class MedusaDecodingResult(DecodingResult):
     decoder_steps: int = 0
     # tokens produced, end-of-text included, so that plain greedy decoding gives exactly 1.0
     tokens_produced: int = 0
-    # accepted_per_head[k]: how often the candidate of head k+1 (or the draft's (k+1)-th) was accepted
+    # accepted_per_head[k]: in how many passes a candidate at depth k+1 (head k+1's, or the draft's
+    # (k+1)-th token) was accepted
     accepted_per_head: List[int] = field(default_factory=list)
     mode: str = "lossless"
     encode_seconds: float = 0.0
     decode_seconds: float = 0.0
-    # draft-model decoding: main-model tokens proposed and accepted, and the draft's share of the time
-    # (its encoder pass included; it is part of decode_seconds)
+    # candidates proposed (tree nodes verified) and accepted, and the proposer's share of the time
+    # (a draft model's encoder pass included; it is part of decode_seconds)
     draft_proposed: int = 0
     draft_accepted: int = 0
     draft_seconds: float = 0.0
@@ -98,6 +110,10 @@ def _verify_options(options: MedusaDecodingOptions) -> MedusaDecodingOptions:
         raise ValueError("regulation_factor must be >= 1")
     if options.draft_tokens < 1:
         raise ValueError("draft_tokens must be >= 1")
+    if options.tree_width < 1 or (options.tree_nodes is not None and options.tree_nodes < 1):
+        raise ValueError("tree_width and tree_nodes must be >= 1")
+    if options.lossy_ctc_entropy is not None and not options.lossy_ctc_entropy > 0:
+        raise ValueError("lossy_ctc_entropy must be > 0 (or None: lossless)")
     return options
 
 
@@ -118,61 +134,71 @@ def _accepts(candidate: int, greedy: int, logprobs: Tensor, options: MedusaDecod
     return float(probs[candidate]) > threshold
 
 
+def _accept_unverified(tree: CandidateTree, node: int, options: MedusaDecodingOptions) -> int:
+    """LOSSY: the chain's next node, taken without comparing it with the verifier's token.
+
+    Reached only for a tree with unverified nodes, which a proposer makes only when the caller set
+    ``lossy_ctc_entropy``; checked here too, so that lossless decoding can never pass this way.
+    """
+    if options.lossy_ctc_entropy is None:
+        raise RuntimeError("unverified candidates without the lossy_ctc_entropy option")
+    return tree.children(node)[0]
+
+
 @dataclass
 class _Verdict:
     tokens: List[int]  # accepted candidates, then the verifier's token unless stopped by a candidate
     logprob: float  # sum of the base log-probabilities of `tokens`
-    n_accepted: int  # how many of `tokens` were candidates
+    path: List[int]  # the accepted candidates' nodes in the tree, root to leaf
+
+    @property
+    def n_accepted(self) -> int:
+        return len(self.path)
 
 
 def verify(
     logits: Tensor,
-    candidates: Sequence[int],
+    tree: CandidateTree,
     context: List[int],
     filters: Sequence[LogitFilter],
     options: MedusaDecodingOptions,
     eot: int,
     max_tokens: int,
 ) -> _Verdict:
-    """Walk the verified positions in order and decide what to keep.
+    """Walk the tree from the root along accepted candidates and decide what to keep.
 
-    logits     : shape = (len(candidates) + 1, n_vocab), base logits at the last accepted token
-                 and at each candidate; filtered here in place, as whisper filters each step
+    logits     : shape = (len(tree) + 1, n_vocab), base logits at the last accepted token (row 0)
+                 and at each node (row 1 + node); filtered here in place, as whisper filters each
+                 step, but only along the walked path (each row with its own path as context)
     context    : all tokens so far (initial tokens included), what whisper's filters see
     max_tokens : stop after this many tokens (the sample-length and context limits)
     """
     kept: List[int] = []
+    path: List[int] = []
     total = 0.0
-    n_accepted = 0
-    for i in range(len(candidates) + 1):
-        row = logits[i : i + 1]
+    node, row = -1, 0
+    while True:
+        row_logits = logits[row : row + 1]
         prefix = torch.tensor([context + kept])
         for logit_filter in filters:
-            logit_filter.apply(row, prefix)
-        logprobs = F.log_softmax(row[0], dim=-1)
-        greedy = int(row[0].argmax())
-        is_candidate = i < len(candidates) and _accepts(candidates[i], greedy, logprobs, options)
-        token = candidates[i] if is_candidate else greedy
+            logit_filter.apply(row_logits, prefix)
+        logprobs = F.log_softmax(row_logits[0], dim=-1)
+        greedy = int(row_logits[0].argmax())
+        if (0 if node < 0 else tree.depths[node]) < tree.unverified:
+            chosen = _accept_unverified(tree, node, options)
+        else:
+            # children are in the proposer's order of preference: the first acceptable one is taken
+            chosen = next((child for child in tree.children(node)
+                           if _accepts(tree.tokens[child], greedy, logprobs, options)), None)
+        token = greedy if chosen is None else tree.tokens[chosen]
         kept.append(token)
         total += float(logprobs[token])
-        n_accepted += is_candidate
-        if not is_candidate or token == eot or len(kept) >= max_tokens:
+        if chosen is not None:
+            path.append(chosen)
+        if chosen is None or token == eot or len(kept) >= max_tokens:
             break
-    return _Verdict(kept, total, n_accepted)
-
-
-def propose(heads: MedusaHeads, decoder, head_input: Tensor, num_heads: int) -> List[int]:
-    """Greedy candidates of heads 1..num_heads at one position.
-
-    head_input : shape = (1, n_state), the decoder state (or Medusa block output) there
-    """
-    states = heads.head_states(head_input, num_heads)  # (1, K, n_state)
-    # == heads.proposal_logits(states, embedding), through a cached contiguous copy (see transposed_rows)
-    embedding = decoder.token_embedding.weight
-    matrix = transposed_rows(heads, embedding, states.dtype, lambda: heads.proposal_token_ids(embedding.device),
-                             rows_key=heads.proposal_size)
-    columns = (states @ matrix)[0].argmax(dim=-1)
-    return heads.proposal_ids(columns).tolist()
+        node, row = chosen, 1 + chosen
+    return _Verdict(kept, total, path)
 
 
 @dataclass
@@ -181,39 +207,37 @@ class _Generation:
     sum_logprob: float
     no_speech_prob: float
     decoder_steps: int
-    accepted_per_head: List[int]
 
 
 def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initial: List[int],
-              options: MedusaDecodingOptions, filters: Sequence[LogitFilter], drafter=None) -> _Generation:
-    """Greedy decoding with candidates from the Medusa heads, or from ``drafter`` when given."""
+              filters: Sequence[LogitFilter], options: MedusaDecodingOptions,
+              proposer: Optional[Proposer] = None) -> _Generation:
+    """Greedy decoding; each pass also verifies the candidates of ``proposer`` (when there is one).
+
+    The loop knows nothing of which proposer it has: it asks for a tree, verifies it in one pass,
+    keeps the accepted path in the cache (a length reset for a chain, a compaction for a tree) and
+    tells the proposer what was committed.
+    """
     decoder = model.decoder
     heads: Optional[MedusaHeads] = getattr(model, "medusa", None)
-    num_heads = 0 if heads is None or options.mode == "off" or drafter is not None else heads.num_heads
-    if options.num_heads is not None:
-        num_heads = min(num_heads, options.num_heads)
-    use_block = num_heads > 0 and heads.block is not None
-    cache = new_cache(decoder, heads if use_block else None, audio_features)
     base_state = heads.base_state if heads is not None else (lambda h: h)
+    cache = new_cache(decoder, audio_features)
     tokenizer = task.tokenizer
     device = audio_features.device
 
     tokens = list(initial)
     pending = list(initial)  # accepted tokens not yet in the cache
-    candidates: List[int] = []
+    tree = CandidateTree()
     limit = min(task.sample_begin + task.sample_len, task.n_ctx + 1)  # whisper's two stopping rules
     steps, sum_logprob, no_speech_prob = 0, 0.0, np.nan
-    accepted_per_head = [0] * num_heads
 
     while True:
         start = cache.length
         room = min(limit - len(tokens) - 1, task.n_ctx - start - len(pending))
-        candidates = candidates[: max(room, 0)]
-        inputs = pending + candidates
-        n = len(inputs)
-        mask = chain_mask(start, n, device)
-        positions = torch.arange(start, start + n, device=device)
-        hidden = decoder_hidden(decoder, torch.tensor([inputs], device=device), positions, cache, start, mask)
+        tree = tree.truncated(max(room, 0))
+        positions, mask = tree.layout(start, len(pending), device)
+        inputs = torch.tensor([pending + list(tree.tokens)], device=device)
+        hidden = decoder_hidden(decoder, inputs, positions, cache, start, mask)
         steps += 1
 
         if steps == 1 and tokenizer.no_speech is not None:
@@ -221,33 +245,53 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
             no_speech_prob = float(sot_logits.softmax(dim=-1)[0, tokenizer.no_speech])
 
         last = len(pending) - 1  # row of the last accepted token
-        logits = project(decoder, base_state(hidden[0, last:]))  # (1 + len(candidates), n_vocab)
-        verdict = verify(logits, candidates, tokens, filters, options, tokenizer.eot, limit - len(tokens))
+        logits = project(decoder, base_state(hidden[0, last:]))  # (1 + len(tree), n_vocab)
+        verdict = verify(logits, tree, tokens, filters, options, tokenizer.eot, limit - len(tokens))
         tokens += verdict.tokens
         sum_logprob += verdict.logprob
-        # per candidate position; a draft may propose more positions than it has tokens
-        accepted_per_head.extend([0] * (verdict.n_accepted - len(accepted_per_head)))
-        for k in range(verdict.n_accepted):
-            accepted_per_head[k] += 1
         if tokens[-1] == tokenizer.eot or len(tokens) >= limit:
             break
 
-        # keep the pending tokens and the accepted candidates; the bonus token is fed next step
-        cache.rollback(start + len(pending) + verdict.n_accepted)
+        # keep the pending tokens and the accepted candidates; the bonus token is fed next pass
+        n_pending = len(pending)
+        if tree.is_chain:  # the accepted nodes are 0..n-1: a prefix
+            cache.rollback(start + n_pending + verdict.n_accepted)
+            kept_hidden = hidden[:, : n_pending + verdict.n_accepted]
+        else:
+            rows = list(range(n_pending)) + [n_pending + node for node in verdict.path]
+            cache.compact([start + row for row in rows], start)
+            kept_hidden = hidden[:, rows]
+        if proposer is not None:
+            accepted = [tree.tokens[node] for node in verdict.path]
+            proposer.commit(Committed(tokens=pending + accepted, hidden=kept_hidden, position=start,
+                                      next_token=tokens[-1], n_accepted=verdict.n_accepted, n_proposed=len(tree)))
+            tree = proposer.propose()
         pending = [tokens[-1]]
-        if drafter is not None:
-            drafter.accept(verdict.tokens, verdict.n_accepted, len(candidates))
-            candidates = drafter.propose()
-        elif num_heads:
-            head_input = hidden[:, last + verdict.n_accepted]
-            if use_block:
-                # the block must see every new position to keep its cache complete
-                block_out = medusa_block_hidden(heads, hidden, cache, start, mask)
-                cache.block_self_attn.rollback(cache.length)
-                head_input = block_out[:, last + verdict.n_accepted]
-            candidates = propose(heads, decoder, head_input, num_heads)
 
-    return _Generation(tokens, sum_logprob, no_speech_prob, steps, accepted_per_head)
+    return _Generation(tokens, sum_logprob, no_speech_prob, steps)
+
+
+def make_proposer(model: Whisper, task: DecodingTask, audio_features: Tensor, language: str,
+                  options: MedusaDecodingOptions, draft: Optional[Whisper] = None,
+                  draft_mel: Optional[Tensor] = None) -> Optional[Proposer]:
+    """The proposer of one decoding: a draft model when given, else the model's draft head (EAGLE,
+    CTC) when it has one, else its Medusa heads; None for ``mode="off"`` or a model with none."""
+    if options.mode == "off":
+        return None
+    if draft is not None:
+        from .drafting.draft_model import Drafter
+
+        return Drafter(draft, draft_mel, task, language, options.draft_tokens, options.adaptive_lookahead)
+    draft_head = getattr(model, "draft_head", None)
+    if draft_head is not None:
+        return draft_head.proposer(model, audio_features, options)
+    heads: Optional[MedusaHeads] = getattr(model, "medusa", None)
+    num_heads = 0 if heads is None else heads.num_heads
+    if options.num_heads is not None:
+        num_heads = min(num_heads, options.num_heads)
+    if num_heads == 0:
+        return None
+    return MedusaProposer(heads, model.decoder, audio_features, num_heads, options.tree_width, options.tree_nodes)
 
 
 def _sync(device: torch.device) -> None:
@@ -278,16 +322,11 @@ def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions, dra
             tokenizer.eot, task.sample_begin, options.regulation_start, options.regulation_factor))
 
     began = time.perf_counter()
-    drafter = None
-    if draft is not None and options.mode != "off":
-        from .draft import Drafter
-
-        drafter = Drafter(draft, draft_mel, task, languages[0], options.draft_tokens, options.adaptive_lookahead)
-    gen = _generate(model, task, audio_features, initial[0].tolist(), options, filters, drafter)
+    proposer = make_proposer(model, task, audio_features, languages[0], options, draft, draft_mel)
+    gen = _generate(model, task, audio_features, initial[0].tolist(), filters, options, proposer)
     _sync(audio_features.device)
     decode_seconds = time.perf_counter() - began
-    draft_stats = dict(draft_proposed=drafter.stats.proposed, draft_accepted=drafter.stats.accepted,
-                       draft_seconds=drafter.stats.seconds) if drafter is not None else {}
+    stats = proposer.stats if proposer is not None else ProposerStats()
 
     sampled = gen.tokens[task.sample_begin:]
     text_tokens = sampled[: sampled.index(tokenizer.eot)] if tokenizer.eot in sampled else sampled
@@ -302,11 +341,13 @@ def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions, dra
         compression_ratio=compression_ratio(text),
         decoder_steps=gen.decoder_steps,
         tokens_produced=len(sampled),
-        accepted_per_head=gen.accepted_per_head,
+        accepted_per_head=list(stats.accepted_per_depth),
         mode=options.mode,
         encode_seconds=encode_seconds,
         decode_seconds=decode_seconds,
-        **draft_stats,
+        draft_proposed=stats.proposed,
+        draft_accepted=stats.accepted,
+        draft_seconds=stats.seconds,
     )
 
 

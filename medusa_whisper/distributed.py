@@ -90,13 +90,14 @@ class Transcriber:
     """One loaded model in one process; the body of the Ray actor."""
 
     def __init__(self, model: str, device: Optional[str], threads: int, draft: Optional[str] = None,
-                 download_root: Optional[str] = None):
+                 download_root: Optional[str] = None, load_options: Optional[dict] = None):
         import torch
 
         import medusa_whisper
 
         torch.set_num_threads(threads)
-        self.model = medusa_whisper.load_model(model, device=device, draft=draft, download_root=download_root)
+        self.model = medusa_whisper.load_model(model, device=device, draft=draft, download_root=download_root,
+                                                **(load_options or {}))
 
     def pid(self) -> int:
         return os.getpid()
@@ -157,6 +158,7 @@ class RayOptions:
     device: Optional[str] = None
     draft: Optional[str] = None
     download_root: Optional[str] = None
+    load_options: dict = field(default_factory=dict)  # more load_model arguments (compute types)
 
 
 def transcribe_archive(jobs: Sequence[Job], output_dir: Path, output_formats: Sequence[str], options: dict,
@@ -191,7 +193,7 @@ def transcribe_archive(jobs: Sequence[Job], output_dir: Path, output_formats: Se
         actor_class = ray.remote(num_cpus=ray_options.threads_per_worker, max_restarts=1,
                                  max_task_retries=1)(Transcriber)
         actors = [actor_class.remote(ray_options.model, ray_options.device, ray_options.threads_per_worker,
-                                     ray_options.draft, ray_options.download_root)
+                                     ray_options.draft, ray_options.download_root, ray_options.load_options)
                   for _ in range(min(ray_options.workers, len(jobs)))]
         pids = _start(ray, actors)
         pending = list(jobs)

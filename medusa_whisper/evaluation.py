@@ -161,6 +161,15 @@ class EvalOptions:
     compare_vanilla: bool = False
     draft_tokens: int = 5
     adaptive_lookahead: bool = False
+    tree_width: int = 1
+    tree_nodes: Optional[int] = None
+    lossy_ctc_entropy: Optional[float] = None  # LOSSY with a CTC draft head (see MedusaDecodingOptions)
+
+    def decode_options(self) -> dict:
+        """What every decoding of ours gets, beside the row's own options."""
+        return dict(mode=self.mode, num_heads=self.num_heads, draft_tokens=self.draft_tokens,
+                    adaptive_lookahead=self.adaptive_lookahead, tree_width=self.tree_width, tree_nodes=self.tree_nodes,
+                    lossy_ctc_entropy=self.lossy_ctc_entropy)
 
 
 @dataclass
@@ -208,10 +217,8 @@ def _decode_window(model, row: EvalRow, audio, options: EvalOptions, vanilla_fir
 
     def ours() -> _Decoded:
         (r, seconds) = _timed(lambda: medusa_decode(
-            model, features, language=language, fp16=fp16, without_timestamps=True, mode=options.mode,
-            num_heads=options.num_heads, regulation_start=row.regulation_start,
-            regulation_factor=row.regulation_factor, draft_tokens=options.draft_tokens,
-            adaptive_lookahead=options.adaptive_lookahead, draft_mel=draft_mel), device)
+            model, features, language=language, fp16=fp16, without_timestamps=True, **options.decode_options(),
+            regulation_start=row.regulation_start, regulation_factor=row.regulation_factor, draft_mel=draft_mel), device)
         return _Decoded(r.text, r.language, r.tokens_produced, r.decoder_steps, encode_seconds, seconds)
 
     def vanilla() -> _Decoded:
@@ -253,9 +260,8 @@ def _decode_long(model, row: EvalRow, audio, options: EvalOptions, vanilla_first
     common = dict(language=language, fp16=fp16, temperature=0.0, condition_on_previous_text=True)
 
     def ours() -> _Decoded:
-        r = model.transcribe(audio, mode=options.mode, num_heads=options.num_heads,
-                             draft_tokens=options.draft_tokens, adaptive_lookahead=options.adaptive_lookahead,
-                             regulation_start=row.regulation_start, regulation_factor=row.regulation_factor, **common)
+        r = model.transcribe(audio, **options.decode_options(), regulation_start=row.regulation_start,
+                             regulation_factor=row.regulation_factor, **common)
         stats = r["medusa"]
         return _Decoded(r["text"], r.get("language"), stats["tokens"], stats["decoder_steps"],
                         stats["encode_seconds"], stats["decode_seconds"])

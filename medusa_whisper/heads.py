@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from whisper.model import ModelDimensions, ResidualAttentionBlock
+from whisper.model import Linear, ModelDimensions, ResidualAttentionBlock
 
 HEAD_TYPES = ("linear", "base_head", "block")
 
@@ -62,12 +62,13 @@ class ResBlock(nn.Module):
 
     def __init__(self, n_state: int):
         super().__init__()
-        self.linear = nn.Linear(n_state, n_state)
+        # whisper's Linear casts its weight to the input's dtype; a compute type may swap it for an int8 one
+        self.linear = Linear(n_state, n_state)
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + F.silu(F.linear(x, self.linear.weight.to(x.dtype), self.linear.bias.to(x.dtype)))
+        return x + F.silu(self.linear(x))
 
 
 class MedusaHeads(nn.Module):

@@ -6,18 +6,23 @@ this module only builds the model from a checkpoint dict and an optional heads f
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+from dataclasses import asdict
 from typing import List, Optional, Union
 
 import torch
 import whisper
 from whisper.model import ModelDimensions
 
-from . import weights
+from . import compute, weights
 from .errors import CheckpointError
+from .drafting.draft_head import build_draft_head
 from .heads import MedusaConfig
 from .model import MedusaWhisper
+
+log = logging.getLogger(__name__)
 
 # The model `medusa-whisper transcribe` uses when none is named.
 DEFAULT_MODEL = "tiny.en"
@@ -33,7 +38,8 @@ def build_model(checkpoint: dict, heads: Optional[dict] = None, medusa: Optional
 
     checkpoint : {"dims": ..., "model_state_dict": ..., optional "medusa": config dict,
                   optional "alignment_heads": [[layer, head], ...]}
-    heads      : {"medusa": config dict, "heads_state_dict": ...}, trained heads for that base
+    heads      : {"medusa": config dict, "heads_state_dict": ...}, trained Medusa heads for that base,
+                 or {"draft_head": config dict, "state_dict": ...}, a trained draft head (EAGLE, CTC)
     medusa     : a head configuration for fresh (untrained, identity) heads; ignored with ``heads``
     """
     try:
@@ -43,7 +49,11 @@ def build_model(checkpoint: dict, heads: Optional[dict] = None, medusa: Optional
         config = MedusaConfig(**config_dict) if config_dict else (medusa or MedusaConfig())
         model = MedusaWhisper(dims, config)
         model.load_whisper_state_dict(checkpoint["model_state_dict"])
-        if heads is not None:
+        if heads is not None and "draft_head" in heads:
+            head = build_draft_head(dims, heads["draft_head"])
+            head.load_state_dict(heads["state_dict"], strict=True)
+            model.draft_head = head
+        elif heads is not None:
             model.load_heads_state_dict(heads["heads_state_dict"])
             _apply_overrides(model, heads.get("decoder_overrides"))
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
@@ -104,16 +114,21 @@ def _set_alignment_heads(model: MedusaWhisper, pairs) -> None:
 
 
 def load_heads(path) -> dict:
-    """A heads file: {"medusa": config dict, "heads_state_dict": ..., "base_model": name, "record": ...}."""
+    """A heads file: {"medusa": config dict, "heads_state_dict": ..., "base_model": name, "record": ...},
+    or a draft head's: {"draft_head": config dict, "state_dict": ..., ...}."""
     heads = weights.safe_torch_load(path)
-    if not isinstance(heads, dict) or "medusa" not in heads or "heads_state_dict" not in heads:
-        raise CheckpointError(f"{path}: not a Medusa heads file (needs 'medusa' and 'heads_state_dict')")
+    medusa = isinstance(heads, dict) and "medusa" in heads and "heads_state_dict" in heads
+    draft_head = isinstance(heads, dict) and "draft_head" in heads and "state_dict" in heads
+    if not (medusa or draft_head):
+        raise CheckpointError(f"{path}: not a heads file (needs 'medusa' and 'heads_state_dict', "
+                              f"or 'draft_head' and 'state_dict')")
     return heads
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, torch.device]] = None,
                download_root: Optional[str] = None, in_memory: bool = False, *,
-               medusa: Optional[MedusaConfig] = None, draft: Optional[Union[str, MedusaWhisper]] = None) -> MedusaWhisper:
+               medusa: Optional[MedusaConfig] = None, draft: Optional[Union[str, MedusaWhisper]] = None,
+               compute_type: str = "float32", draft_compute_type: Optional[str] = None) -> MedusaWhisper:
     """Load a model by name (see ``medusa-whisper models``) or from a path; whisper.load_model's arguments.
 
     device        : "cpu", "cuda", ...; default: CUDA when available
@@ -124,15 +139,28 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
     medusa        : fresh heads of this configuration, for a base model without trained heads
     draft         : a draft model (name, path or model) for draft-model speculative decoding; it then
                     proposes the candidates instead of the heads. Kept as ``model.draft_model``.
+    compute_type  : "float32", "int8", "bfloat16" (CUDA: also "float16", "int8_float16"), see
+                    compute.py; converted once at load, and cached for the next load
+    draft_compute_type : the draft's compute type (default: ``compute_type``); a named draft only
     """
     del in_memory  # torch.load reads the whole file either way
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    compute.check_compute_type(compute_type, device)
     if draft is not None:
-        model = load_model(name_or_path, device, download_root, medusa=medusa)
-        draft_model = draft if isinstance(draft, torch.nn.Module) else load_model(draft, device, download_root)
+        model = load_model(name_or_path, device, download_root, medusa=medusa, compute_type=compute_type)
+        draft_model = draft if isinstance(draft, torch.nn.Module) else load_model(
+            draft, device, download_root, compute_type=draft_compute_type or compute_type)
         # a plain attribute, not a submodule: the main model's state_dict stays whisper's
         object.__setattr__(model, "draft_model", draft_model.to(model.device).eval())
         return model
     resolved = weights.resolve(name_or_path, download_root=download_root)
+    converted_path = None
+    if compute_type != "float32" and medusa is None:
+        converted_path = compute.cache_path(compute.cache_key(_sources(resolved), compute_type), compute_type)
+        model = compute.load_converted(converted_path, _skeleton, compute_type, device)
+        if model is not None:
+            return model
     checkpoint = weights.load_checkpoint(resolved.checkpoint)
     heads = load_heads(resolved.heads) if resolved.heads else None
     # errors name what the user gave when it is a file or folder, else the cached checkpoint
@@ -147,6 +175,25 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
             model.set_alignment_heads(official)
         except RuntimeError:  # a checkpoint whose name says large-v2 but whose shape does not
             pass
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if compute_type != "float32":
+        compute.apply_compute_type(model, compute_type, device)
+        if converted_path is not None:
+            try:
+                compute.save_converted(model, converted_path, {"dims": asdict(model.dims),
+                                                               "medusa": model.medusa_config.to_dict()})
+            except OSError as e:  # a read-only cache only costs the next load its conversion
+                log.warning("%s: cannot cache the converted model (%s)", converted_path, e)
+    return model
+
+
+def _sources(resolved: weights.Resolved) -> dict:
+    """What a converted model is made from: the checkpoint's SHA-256 (from the manifest) or its
+    stamp, and the heads file's stamp."""
+    return {"checkpoint": weights.file_identity(resolved.checkpoint),
+            "heads": weights.file_identity(resolved.heads) if resolved.heads else None}
+
+
+def _skeleton(build_info: dict) -> MedusaWhisper:
+    """An empty float32 model of the stored shape, which a cached conversion's tensors then fill."""
+    return MedusaWhisper(ModelDimensions(**build_info["dims"]), MedusaConfig(**build_info["medusa"]))

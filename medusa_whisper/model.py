@@ -7,7 +7,11 @@ Medusa decoding goes through ``medusa_whisper.decode`` and ``model.transcribe``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from whisper.model import ModelDimensions, Whisper
+
+from .drafting.draft_head import DraftHead
 
 from .heads import MedusaConfig, MedusaHeads
 
@@ -20,6 +24,9 @@ class MedusaWhisper(Whisper):
         self.medusa = MedusaHeads(dims, medusa)
         if self.medusa.block is not None:
             self.medusa.init_block_from(self.decoder.blocks[-1])
+        # a trained draft head (EAGLE, CTC; see drafting/draft_head.py), set by the loader: when
+        # there is one it proposes the candidates instead of the Medusa heads
+        self.draft_head: Optional[DraftHead] = None
 
     @property
     def medusa_config(self) -> MedusaConfig:

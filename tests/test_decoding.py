@@ -51,6 +51,18 @@ def test_random_model_matches_whisper_decode(heads_type, mode, random_mel):
         assert result.decoder_steps < result.tokens_produced  # some candidates were accepted
 
 
+@pytest.mark.parametrize("heads_type", ["linear", "block"])
+def test_random_model_tree_matches_whisper_decode(heads_type, random_mel):
+    model = randomize_heads(random_model(MedusaConfig(num_heads=4, heads_type=heads_type)))
+    expected = whisper.decode(model, random_mel, GREEDY)
+    chain = decode(model, random_mel, GREEDY)
+    tree = decode(model, random_mel, GREEDY, tree_width=4, tree_nodes=12)
+    assert tree.tokens == expected.tokens
+    assert tree.avg_logprob == pytest.approx(expected.avg_logprob, abs=1e-4)
+    assert tree.draft_proposed > chain.draft_proposed  # more candidates per pass ...
+    assert tree.decoder_steps <= chain.decoder_steps  # ... and never more passes than the chain's
+
+
 def test_base_head_lossless_equals_its_own_greedy(random_mel):
     """For base_head models the next-token logits come from head 0: lossless means equal to that."""
     model = randomize_heads(random_model(MedusaConfig(num_heads=3, heads_type="base_head")))
@@ -132,6 +144,9 @@ def _check_lossless_on_clips(base, clips, n_mels=80, timestamps=False):
                 result = decode(model, mel, options, mode=mode)
                 assert result.tokens == expected.tokens, f"{clip.name}: {name} heads, {mode}"
                 assert result.avg_logprob == pytest.approx(expected.avg_logprob, abs=1e-3)
+            # candidate trees from the heads' top 3 tokens: the same output, through compaction
+            result = decode(model, mel, options, tree_width=3, tree_nodes=8)
+            assert result.tokens == expected.tokens, f"{clip.name}: {name} heads, tree"
         # untrained heads guess rarely, yet every step yields at least one token
         result = decode(untrained, mel, options)
         assert result.decoder_steps <= result.tokens_produced

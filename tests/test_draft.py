@@ -15,7 +15,8 @@ from whisper.tokenizer import get_tokenizer
 
 import medusa_whisper
 from medusa_whisper.audio import load_audio
-from medusa_whisper.draft import GROW_ABOVE, SHRINK_BELOW, Drafter, TokenMapping, token_mapping
+from medusa_whisper.drafting.base import Committed, ProposerStats
+from medusa_whisper.drafting.draft_model import GROW_ABOVE, SHRINK_BELOW, Drafter, TokenMapping, token_mapping
 
 DATA = Path(__file__).parent / "data"
 ENGLISH = get_tokenizer(False)
@@ -71,27 +72,32 @@ class _FakeCache:
         self.length = length
 
 
+def commit(drafter, kept, n_accepted, n_proposed):
+    """What the decoding loop tells a proposer: ``kept`` is the accepted candidates, then the main's own token."""
+    assert len(kept) == n_accepted + 1
+    drafter.commit(Committed(tokens=kept[:n_accepted], hidden=None, position=0, next_token=kept[-1],
+                             n_accepted=n_accepted, n_proposed=n_proposed))
+
+
 def test_adaptive_lookahead_follows_the_acceptance_rate():
     drafter = Drafter.__new__(Drafter)  # only the bookkeeping of accept() is exercised
     drafter.adaptive, drafter.max_tokens, drafter.lookahead = True, 6, 3
     drafter.cache, drafter.context_length, drafter.pending = _FakeCache(), 0, []
     drafter.drafted, drafter.mapped_lengths = [], []
     drafter.to_draft = TokenMapping(MULTILINGUAL, MULTILINGUAL)
-    from medusa_whisper.draft import DraftStats
-
-    drafter.stats = DraftStats()
+    drafter.stats = ProposerStats()
     assert GROW_ABOVE > SHRINK_BELOW
-    drafter.accept([1, 2, 3, 4], n_accepted=3, n_proposed=3)  # all accepted: grow
+    commit(drafter, [1, 2, 3, 4], n_accepted=3, n_proposed=3)  # all accepted: grow
     assert drafter.lookahead == 4
-    drafter.accept([1], n_accepted=0, n_proposed=4)  # none: shrink
+    commit(drafter, [1], n_accepted=0, n_proposed=4)  # none: shrink
     assert drafter.lookahead == 3
-    drafter.accept([1, 2, 3], n_accepted=2, n_proposed=4)  # half: stay
+    commit(drafter, [1, 2, 3], n_accepted=2, n_proposed=4)  # half: stay
     assert drafter.lookahead == 3
     for _ in range(10):
-        drafter.accept([1, 2, 3, 4, 5, 6, 7], n_accepted=6, n_proposed=6)
+        commit(drafter, [1, 2, 3, 4, 5, 6, 7], n_accepted=6, n_proposed=6)
     assert drafter.lookahead == 6  # bounded above
     for _ in range(10):
-        drafter.accept([9], n_accepted=0, n_proposed=2)
+        commit(drafter, [9], n_accepted=0, n_proposed=2)
     assert drafter.lookahead == 1  # and below
 
 
@@ -155,17 +161,17 @@ def test_rolled_back_draft_cache_equals_a_fresh_cache_of_the_kept_tokens(clips):
     drafter = Drafter(tiny, mel, task, "en", max_tokens=4, adaptive=False)
     initial = list(drafter.pending)
     with torch.no_grad():
-        first = drafter.propose()
-        drafter.accept(first[:2], n_accepted=1, n_proposed=len(first))  # one accepted, then the main's own
-        proposal = drafter.propose()
+        first = list(drafter.propose().tokens)
+        commit(drafter, first[:2], n_accepted=1, n_proposed=len(first))  # one accepted, then the main's own
+        proposal = list(drafter.propose().tokens)
         assert len(proposal) == 4
         other = (proposal[2] + 1) % ENGLISH.eot  # the main model disagrees at the third token
         kept = proposal[:2] + [other]
-        drafter.accept(kept, n_accepted=2, n_proposed=4)
+        commit(drafter, kept, n_accepted=2, n_proposed=4)
         context = initial + first[:2] + proposal[:2]  # in the cache; `other` waits to be fed
         assert drafter.cache.length == len(context) and drafter.pending == [other]
 
-        fresh = new_cache(tiny.decoder, None, tiny.embed_audio(mel))
+        fresh = new_cache(tiny.decoder, tiny.embed_audio(mel))
         n = len(context)
         decoder_hidden(tiny.decoder, torch.tensor([context]), torch.arange(n), fresh, 0, chain_mask(0, n, "cpu"))
     for ours, theirs in ((drafter.cache.self_attn.keys, fresh.self_attn.keys),

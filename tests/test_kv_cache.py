@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from medusa_whisper import MedusaConfig
-from medusa_whisper.decoder import chain_mask, decoder_hidden, medusa_block_hidden, new_cache, project
+from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.drafting.base import Committed
+from medusa_whisper.drafting.medusa import MedusaProposer
 from medusa_whisper.kv_cache import StaticKVCache
 
 from helpers import random_model
@@ -26,32 +28,32 @@ def feed(model, cache, tokens, start=None):
     start = cache.length if start is None else start
     n = len(tokens)
     positions = torch.arange(start, start + n)
-    mask = chain_mask(start, n, "cpu")
-    hidden = decoder_hidden(model.decoder, torch.tensor([tokens]), positions, cache, start, mask)
-    block = medusa_block_hidden(model.medusa, hidden, cache, start, mask) if cache.block_self_attn else None
-    return hidden, block
+    return decoder_hidden(model.decoder, torch.tensor([tokens]), positions, cache, start, chain_mask(start, n, "cpu"))
+
+
+def commit_to_block(proposer, hidden, start):
+    """Tell a Medusa-Block proposer that the tokens behind ``hidden`` were committed at ``start``."""
+    proposer.commit(Committed(tokens=[0] * hidden.shape[1], hidden=hidden, position=start, next_token=0,
+                              n_accepted=0, n_proposed=0))
+    return proposer.head_input
 
 
 @torch.no_grad()
 def test_one_pass_over_a_chain_equals_one_token_at_a_time(setup):
     model, audio = setup
-    batched = new_cache(model.decoder, model.medusa, audio)
-    h_all, b_all = feed(model, batched, TOKENS[:4])
+    batched = new_cache(model.decoder, audio)
+    h_all = feed(model, batched, TOKENS[:4])
     batched.rollback(4)
-    h_chain, b_chain = feed(model, batched, TOKENS[4:])
+    h_chain = feed(model, batched, TOKENS[4:])
 
-    single = new_cache(model.decoder, model.medusa, audio)
-    rows, block_rows = [], []
+    single = new_cache(model.decoder, audio)
+    rows = []
     for i, token in enumerate(TOKENS):
-        h, b = feed(model, single, [token])
+        rows.append(feed(model, single, [token]))
         single.rollback(i + 1)
-        rows.append(h)
-        block_rows.append(b)
     h_single = torch.cat(rows, dim=1)
-    b_single = torch.cat(block_rows, dim=1)
 
     torch.testing.assert_close(torch.cat([h_all, h_chain], 1), h_single, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(torch.cat([b_all, b_chain], 1), b_single, atol=1e-5, rtol=1e-5)
     logits_chain = project(model.decoder, h_chain)
     logits_single = project(model.decoder, h_single[:, 4:])
     torch.testing.assert_close(logits_chain, logits_single, atol=1e-4, rtol=1e-5)
@@ -59,28 +61,46 @@ def test_one_pass_over_a_chain_equals_one_token_at_a_time(setup):
 
 
 @torch.no_grad()
+def test_medusa_block_sees_commits_in_pieces_as_one_token_at_a_time(setup):
+    """The block proposer runs its block over what each pass committed: in chunks or one token at a
+    time, its cache and its output at the last token are the same."""
+    model, audio = setup
+    cache = new_cache(model.decoder, audio)
+    hidden = feed(model, cache, TOKENS)
+    chunked = MedusaProposer(model.medusa, model.decoder, audio, num_heads=3)
+    for lo, hi in [(0, 4), (4, 5), (5, len(TOKENS))]:
+        out_chunked = commit_to_block(chunked, hidden[:, lo:hi], lo)
+    single = MedusaProposer(model.medusa, model.decoder, audio, num_heads=3)
+    for i in range(len(TOKENS)):
+        out_single = commit_to_block(single, hidden[:, i : i + 1], i)
+    n = len(TOKENS)
+    assert chunked.block_cache.length == single.block_cache.length == n
+    torch.testing.assert_close(chunked.block_cache.keys[:, :, :n], single.block_cache.keys[:, :, :n], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_chunked, out_single, atol=1e-5, rtol=1e-5)
+    assert len(chunked.propose()) == 3
+
+
+@torch.no_grad()
 def test_rolled_back_cache_equals_fresh_cache_of_accepted_tokens(setup):
     model, audio = setup
     accepted, rejected = TOKENS[:7], [9999, 8888, 7777]
-    rolled = new_cache(model.decoder, model.medusa, audio)
+    rolled = new_cache(model.decoder, audio)
     feed(model, rolled, accepted[:4])
     rolled.rollback(4)
     feed(model, rolled, accepted[4:] + rejected)  # speculated 3 tokens too many
     rolled.rollback(len(accepted))
 
-    fresh = new_cache(model.decoder, model.medusa, audio)
+    fresh = new_cache(model.decoder, audio)
     feed(model, fresh, accepted)
     fresh.rollback(len(accepted))
 
     n = len(accepted)
-    for a, b in [(rolled.self_attn, fresh.self_attn), (rolled.block_self_attn, fresh.block_self_attn)]:
-        assert a.length == b.length == n
-        torch.testing.assert_close(a.keys[:, :, :n], b.keys[:, :, :n], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(a.values[:, :, :n], b.values[:, :, :n], atol=1e-5, rtol=1e-5)
+    a, b = rolled.self_attn, fresh.self_attn
+    assert a.length == b.length == n
+    torch.testing.assert_close(a.keys[:, :, :n], b.keys[:, :, :n], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.values[:, :, :n], b.values[:, :, :n], atol=1e-5, rtol=1e-5)
     # and what follows is the same as well: stale slots beyond the length are never read
-    h_rolled, _ = feed(model, rolled, [TOKENS[7]])
-    h_fresh, _ = feed(model, fresh, [TOKENS[7]])
-    torch.testing.assert_close(h_rolled, h_fresh, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(feed(model, rolled, [TOKENS[7]]), feed(model, fresh, [TOKENS[7]]), atol=1e-5, rtol=1e-5)
 
 
 @torch.no_grad()

@@ -24,13 +24,8 @@ def base():
 
 
 @pytest.fixture(scope="module")
-def cache(base, clips, tmp_path_factory):
-    """The bundled clips packed two or three to a window, labelled by tiny.en itself."""
-    utterances = [windows.Utterance(path=str(c), group="all") for c in clips]
-    packed = windows.pack(utterances, seed=0, min_seconds=8, max_seconds=12)
-    out = tmp_path_factory.mktemp("cache")
-    features.build_cache(base, packed, out, features.LabelOptions(timestamps_fraction=0.5))
-    return out
+def cache(tiny_en_cache):
+    return tiny_en_cache
 
 
 def test_window_targets_shift_each_head_by_its_offset():

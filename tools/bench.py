@@ -7,7 +7,9 @@ loader converts to openai-whisper's layout and faster-whisper reads as they are)
 - openai-whisper greedy (``whisper.decode``, vanilla): the baseline every ratio is taken against;
 - medusa_whisper ``lossless`` and ``typical`` with the ``<model>-medusa`` heads, and ``lossless`` with
   ``<model>-medusa-block`` (rows say "skipped" when a heads file is missing), and ``medusa_whisper
-  off``: our decoder without speculation, which separates the implementation's gain from the heads';
+  off``: our decoder without speculation, which separates the implementation's gain from the heads',
+  once per compute type (``--compute-types``, default float32, int8, bfloat16), and per compute type
+  a lossless row for each ``--drafter``;
 - faster-whisper (CTranslate2), beam 1, temperature 0, no VAD: int8 and float32 on the CPU
   (int8_float16 and float16 on CUDA);
 - Hugging Face transformers greedy, when transformers is installed (it is not a dependency).
@@ -201,7 +203,23 @@ def read_clips(path: Path) -> List[Clip]:
 DRAFT_MODEL = "tiny.en"
 
 
-def build_systems(model_name: str, device: str, threads: int) -> List[System]:
+def drafter_system(drafter: str, model_name: str, device: str, compute_type: str) -> System:
+    """``--drafter NAME[@TYPE]``: draft-model decoding (lossless) with NAME drafting, at the row's
+    compute type or at TYPE (``base@int8`` with compute type float32: an int8 copy drafts, float32
+    verifies, so the output stays float32 greedy's)."""
+    draft, _, draft_type = drafter.partition("@")
+    label = f"medusa_whisper draft {drafter}" + ("" if compute_type == "float32" else f" {compute_type}")
+    note = (f"lossless, {draft} ({draft_type or compute_type}) drafts at most 5 tokens per step, "
+            f"{compute_type} verifies")
+    system = torch_system(label, model_name, device, "lossless", note, draft=draft, compute_type=compute_type,
+                          draft_compute_type=draft_type or None)
+    system.probe = ["--probe", "torch", "--model", model_name, "--mode", "lossless", "--draft", draft,
+                    "--compute-type", compute_type, *(["--draft-compute-type", draft_type] if draft_type else [])]
+    return system
+
+
+def build_systems(model_name: str, device: str, threads: int, compute_types=("float32",),
+                  drafters=()) -> List[System]:
     """Every row of the table, in table order; a system that cannot run has ``run=None`` and a note."""
     from medusa_whisper import weights
 
@@ -217,6 +235,19 @@ def build_systems(model_name: str, device: str, threads: int) -> List[System]:
             system = torch_system(label, model_name + suffix, device, mode)
             system.probe = ["--probe", "torch", "--model", model_name + suffix, "--mode", mode]
             systems.append(system)
+    # candidate trees of the heads' top tokens, and the EAGLE draft head as a chain and a tree
+    tree = dict(tree_width=3, tree_nodes=10)
+    for suffix, label, options, note in (
+            ("-medusa", "medusa_whisper lossless tree", tree, "Medusa heads, tree of the heads' top 3, 10 nodes"),
+            ("-eagle", "medusa_whisper eagle", {}, "EAGLE draft head, chain of 5"),
+            ("-eagle", "medusa_whisper eagle tree", dict(tree, draft_tokens=6), "EAGLE draft head, tree: width 3, depth 6, 10 nodes")):
+        heads = weights.heads_file(model_name + suffix)
+        if not heads.is_file():
+            systems.append(System(label, None, f"skipped: no trained head (weights/{heads.name})"))
+            continue
+        system = torch_system(label, model_name + suffix, device, "lossless", note, decode_options=options)
+        system.probe = ["--probe", "torch", "--model", model_name + suffix, "--mode", "lossless"]
+        systems.append(system)
     # Always shown: our decoder with one token per step, so the table separates what the decoder's
     # implementation gains over whisper.decode from what speculation (the heads) gains over that.
     # draft-model decoding (seed 004, the paper's "Whisper + Assistance"): tiny.en drafts for larger models,
@@ -231,10 +262,26 @@ def build_systems(model_name: str, device: str, threads: int) -> List[System]:
         system.probe = ["--probe", "torch", "--model", model_name, "--mode", "lossless", "--draft", DRAFT_MODEL,
                         *(["--adaptive"] if adaptive else [])]
         systems.append(system)
-    system = torch_system("medusa_whisper off", model_name, device, "off",
-                          "our decoder without speculation, one token per step")
-    system.probe = ["--probe", "torch", "--model", model_name, "--mode", "off"]
-    systems.append(system)
+    # the CTC draft head: one pass over the encoder output drafts the whole window, verified a chunk per pass
+    ctc = weights.heads_file(model_name + "-ctc")
+    if not ctc.is_file():
+        systems.append(System("medusa_whisper ctc", None, f"skipped: no trained CTC head (weights/{ctc.name})"))
+    else:
+        system = torch_system("medusa_whisper ctc", model_name + "-ctc", device, "lossless",
+                              "lossless, the CTC head's whole-window draft verified a chunk per pass")
+        system.probe = ["--probe", "torch", "--model", model_name + "-ctc", "--mode", "lossless"]
+        systems.append(system)
+    # a row per compute type for our decoder alone, and for the drafter(s) given with --drafter
+    for compute_type in compute_types:
+        suffix = "" if compute_type == "float32" else f" {compute_type}"
+        note = "our decoder without speculation, one token per step" + (
+            "" if compute_type == "float32" else f"; compute type {compute_type} (compute.py)")
+        system = torch_system("medusa_whisper off" + suffix, model_name, device, "off", note,
+                              compute_type=compute_type)
+        system.probe = ["--probe", "torch", "--model", model_name, "--mode", "off", "--compute-type", compute_type]
+        systems.append(system)
+        for drafter in drafters:
+            systems.append(drafter_system(drafter, model_name, device, compute_type))
     ct2_dir = weights.ctranslate2_dir(model_name)
     for compute in (("int8", "float32") if device == "cpu" else ("int8_float16", "float16")):
         system = faster_whisper_system(f"faster-whisper {compute}", ct2_dir, compute, threads, device)
@@ -305,7 +352,7 @@ def summarize(systems: List[System], clips: List[Clip], rounds: int) -> List[dic
         same = sum(run.text.strip() == vanilla.runs[c.name][0].text.strip() for run, c in zip(first, clips))
         rows.append(dict(
             system=s.name, note=s.note, wer=scores["wer"], cer=scores["cer"], same_text_as_vanilla=same / len(clips),
-            tokens_per_step=tokens / steps if steps else None,
+            tokens_per_step=tokens / steps if steps else None, passes_per_window=steps / len(clips),
             encoder_seconds=statistics.median(per_round(s, "encode_seconds")),
             decoder_seconds=statistics.median(per_round(s, "decode_seconds")),
             draft_seconds=statistics.median(per_round(s, "draft_seconds")),
@@ -367,6 +414,8 @@ def markdown(rows: List[dict], info: dict) -> str:
                      f"{_ratio(r, 'decoder_speedup', info)} | {_ratio(r, 'e2e_speedup', info)} | {mem} |")
     notes = [f"- {r['system']}: {r['note']}" + (f"; {r['draft_acceptance']:.0%} of the proposed tokens accepted"
                                                  if r.get("draft_acceptance") is not None else "")
+             + (f"; {r['passes_per_window']:.1f} decoder passes per window, the draft "
+                f"{1000 * r['draft_seconds'] / info['clips']:.0f} ms per window" if r.get("draft_seconds") else "")
              for r in rows if r.get("note") and "wer" in r]
     if info["quick"]:
         notes.append("- quick run: one round (no spread), no memory probe")
@@ -449,6 +498,12 @@ def main() -> None:
     parser.add_argument("--clips", type=Path, default=None,
                         help="a ready bench CSV (audio, sentence, bucket) instead of building one")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probes")
+    parser.add_argument("--compute-types", default=None,
+                        help="comma-separated compute types of the `medusa_whisper off` (and --drafter) rows "
+                             "(default: float32,int8,bfloat16 on the CPU, float32,float16 on CUDA)")
+    parser.add_argument("--drafter", action="append", default=[], metavar="NAME[@TYPE]",
+                        help="also a lossless draft-model row per compute type with this draft (repeatable); "
+                             "@TYPE fixes the draft's compute type, e.g. base@int8")
     parser.add_argument("--out", type=Path, default=ROOT / "bench_out")
     parser.add_argument("--setup-only", action="store_true",
                         help="only get what the bench needs (held-out corpus, real recordings) and stop")
@@ -475,7 +530,9 @@ def main() -> None:
     else:
         clip_csv = args.clips
     clips = read_clips(clip_csv)
-    systems = build_systems(args.model, args.device, args.threads)
+    compute_types = (args.compute_types.split(",") if args.compute_types else
+                     ["float32", "int8", "bfloat16"] if args.device == "cpu" else ["float32", "float16"])
+    systems = build_systems(args.model, args.device, args.threads, compute_types, args.drafter)
     measure(systems, clips, rounds)
     rows = summarize(systems, clips, rounds)
     if not (args.quick or args.no_memory):

@@ -54,21 +54,24 @@ class System:
 # -- openai-whisper and medusa_whisper -----------------------------------------------------------------
 
 def torch_system(name: str, model_name: str, device: str, mode: Optional[str], note: str = "",
-                 draft: Optional[str] = None, adaptive: bool = False) -> System:
+                 draft: Optional[str] = None, adaptive: bool = False, compute_type: str = "float32",
+                 draft_compute_type: Optional[str] = None, decode_options: Optional[dict] = None) -> System:
     """openai-whisper's ``whisper.decode`` (mode None) or ``medusa_whisper.decode`` in ``mode``.
 
     Both run on one MedusaWhisper, a whisper.model.Whisper subclass, so whisper.decode on it is
     openai-whisper itself; fp16 on CUDA as openai-whisper does by default, fp32 on the CPU.
     With ``draft``, that model proposes the candidates; it encodes the audio itself, inside the
-    timed decoding, since it is work that vanilla decoding does not do.
+    timed decoding, since it is work that vanilla decoding does not do. ``decode_options`` go to
+    ``medusa_whisper.decode`` (candidate trees: tree_width, tree_nodes).
     """
     import torch
     import whisper
 
     import medusa_whisper
 
-    model = medusa_whisper.load_model(model_name, device=device, draft=draft)
-    fp16 = device == "cuda"
+    model = medusa_whisper.load_model(model_name, device=device, draft=draft, compute_type=compute_type,
+                                      draft_compute_type=draft_compute_type)
+    fp16 = device == "cuda" and compute_type == "float32"  # other compute types cast the encoder's input themselves
 
     def sync() -> None:
         if device == "cuda":
@@ -93,7 +96,7 @@ def torch_system(name: str, model_name: str, device: str, mode: Optional[str], n
                                                 model.draft_model.dims.n_mels).to(device)
                 extra = dict(draft_mel=draft_mel.half() if fp16 else draft_mel, adaptive_lookahead=adaptive)
             r = medusa_whisper.decode(model, features, language="en", fp16=fp16, without_timestamps=True, mode=mode,
-                                      **extra)
+                                      **extra, **(decode_options or {}))
             tokens, steps = r.tokens_produced, r.decoder_steps
         sync()
         done = time.perf_counter()
@@ -306,18 +309,22 @@ def probe_main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--mode", default=None, help="medusa_whisper mode; none: whisper.decode")
     parser.add_argument("--draft", default=None, help="draft model name")
     parser.add_argument("--adaptive", action="store_true", help="adaptive lookahead for --draft")
-    parser.add_argument("--compute-type", default="int8")
+    parser.add_argument("--compute-type", default=None, help="default: int8 for faster-whisper, float32 for torch")
+    parser.add_argument("--draft-compute-type", default=None)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("clips", nargs="+", type=Path)
     args = parser.parse_args(argv)
     if args.probe == "faster-whisper":
-        system = faster_whisper_system("probe", Path(args.model), args.compute_type, args.threads, args.device)
+        system = faster_whisper_system("probe", Path(args.model), args.compute_type or "int8", args.threads,
+                                       args.device)
     else:
         import torch
 
         torch.set_num_threads(args.threads)
-        system = (torch_system("probe", args.model, args.device, args.mode, draft=args.draft, adaptive=args.adaptive)
+        system = (torch_system("probe", args.model, args.device, args.mode, draft=args.draft, adaptive=args.adaptive,
+                               compute_type=args.compute_type or "float32",
+                               draft_compute_type=args.draft_compute_type)
                   if args.probe == "torch"
                   else transformers_system("probe", args.model, args.device))
     if system.run is None:

@@ -251,6 +251,17 @@ def job_key(text: str, engine: str, voice: str, rate: float, pitch: float, noise
     return hashlib.sha1(spec.encode()).hexdigest()[:8]
 
 
+def draw_voice_params(engine: str, voice: str, rng: random.Random) -> Tuple[float, float]:
+    """(rate, pitch) for one utterance: rate 1.0 is the engine's default speed; pitch is espeak-ng's
+    -p (0-99), flite's f0 mean (Hz, in the speaker's own register) or festival's shift (cents)."""
+    rate = round(rng.uniform(0.8, 1.25), 3)
+    if engine == "espeak-ng":
+        return rate, float(rng.randint(30, 70))
+    if engine == "flite":
+        return rate, float(rng.randint(*FLITE_F0[voice]))
+    return rate, float(rng.randint(-150, 150))
+
+
 def plan_jobs(split: str, out: Path, seed: int, docs: Dict) -> Iterator[Job]:
     """The split's utterances in their fixed order; a corpus is a prefix of this sequence."""
     rng = random.Random(f"{seed}-{split}")
@@ -259,13 +270,7 @@ def plan_jobs(split: str, out: Path, seed: int, docs: Dict) -> Iterator[Job]:
     for i, utt in enumerate(utterance_pool(docs, rng)):
         engine = rng.choices(engines, [ENGINE_WEIGHTS[e] for e in engines])[0]
         voice = rng.choice(voices[engine])
-        rate = round(rng.uniform(0.8, 1.25), 3)
-        if engine == "espeak-ng":
-            pitch = float(rng.randint(30, 70))
-        elif engine == "flite":
-            pitch = float(rng.randint(*FLITE_F0[voice]))
-        else:
-            pitch = float(rng.randint(-150, 150))
+        rate, pitch = draw_voice_params(engine, voice, rng)
         noise = rng.choice(("white", "pink", "brown")) if rng.random() < 1 / 3 else ""
         snr_db = round(rng.uniform(15, 35), 1) if noise else 0.0
         key = job_key(utt.text, engine, voice, rate, pitch, noise, snr_db)
@@ -323,6 +328,24 @@ def is_valid(path: Path) -> bool:
     return info.samplerate == SAMPLE_RATE and info.channels == 1 and info.frames > 0
 
 
+def render_clean(job: Job) -> np.ndarray:
+    """The engine's reading of job.text as 16 kHz mono float64 samples peaking at -3 dB (festival's
+    pitch shift applied); raises subprocess.CalledProcessError when a tool fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = render_raw(job, Path(tmp))
+        clean = Path(tmp) / "clean.wav"
+        pitch = ["pitch", f"{job.pitch:.0f}"] if job.engine == "festival" and job.pitch else []
+        _run(["sox", str(raw), "-c", "1", "-b", "16", str(clean), *pitch, "rate", str(SAMPLE_RATE), "norm", "-3"])
+        audio, _ = sf.read(str(clean), dtype="float64")
+    return audio
+
+
+def command_error(e: subprocess.CalledProcessError) -> str:
+    """One line saying why a tool failed: the last line it printed, or its exit status."""
+    lines = (e.stderr or "").strip().splitlines() if isinstance(e.stderr, str) else []
+    return lines[-1] if lines else f"{Path(e.cmd[0]).name} exited with {e.returncode}"
+
+
 def synthesise(job: Job) -> Tuple[Job, Optional[float], str]:
     """Render one utterance to its FLAC; returns (job, seconds, "") or (job, None, why not)."""
     out = Path(job.path)
@@ -330,15 +353,9 @@ def synthesise(job: Job) -> Tuple[Job, Optional[float], str]:
         return job, sf.info(str(out)).duration, ""
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            raw = render_raw(job, Path(tmp))
-            clean = Path(tmp) / "clean.wav"
-            pitch = ["pitch", f"{job.pitch:.0f}"] if job.engine == "festival" and job.pitch else []
-            _run(["sox", str(raw), "-c", "1", "-b", "16", str(clean), *pitch, "rate", str(SAMPLE_RATE), "norm", "-3"])
-            audio, _ = sf.read(str(clean), dtype="float64")
+        audio = render_clean(job)
     except subprocess.CalledProcessError as e:
-        lines = (e.stderr or "").strip().splitlines()
-        return job, None, lines[-1] if lines else f"{Path(e.cmd[0]).name} exited with {e.returncode}"
+        return job, None, command_error(e)
     seconds = len(audio) / SAMPLE_RATE
     if seconds < 0.3 or seconds > MAX_SECONDS:
         return job, None, f"{seconds:.1f} s of audio"

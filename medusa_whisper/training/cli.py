@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import MedusaWhisperError
+from . import ctc_cli
 
 
 def add_parser(commands, positive_int, language) -> None:
@@ -37,12 +38,19 @@ def add_parser(commands, positive_int, language) -> None:
 
     model = p.add_argument_group("model")
     model.add_argument("--base", default="tiny.en", metavar="NAME|PATH", help="frozen base model (default tiny.en)")
-    model.add_argument("--heads-type", choices=("linear", "block", "base_head"), default="linear",
-                       help="linear: Medusa-Linear; block: Medusa-Block; base_head: with --fine-tune-last-layer")
+    model.add_argument("--heads-type", choices=("linear", "block", "base_head", "eagle", "ctc"), default="linear",
+                       help="linear: Medusa-Linear; block: Medusa-Block; base_head: with --fine-tune-last-layer; "
+                            "eagle: the EAGLE-style draft head (drafts features; <base>-eagle); "
+                            "ctc: a CTC draft head on the encoder output (options below)")
     model.add_argument("--num-heads", type=positive_int, default=10, metavar="K")
     model.add_argument("--num-layers", type=positive_int, default=1, help="residual blocks per head")
-    model.add_argument("--proposal-vocab", type=int, default=0, metavar="N",
-                       help="heads propose among the first N token ids and the special tokens (0: all)")
+    model.add_argument("--proposal-vocab", type=int, default=None, metavar="N",
+                       help="Medusa heads propose among the first N token ids and the special tokens (default 0: "
+                            "all); the eagle head among the N most frequent tokens of its labels (default 8192)")
+    model.add_argument("--rollout-prob", type=float, default=0.5, metavar="P",
+                       help="eagle: share of steps that also train on the head's own drafted features (default 0.5)")
+    model.add_argument("--feature-weight", type=float, default=1.0,
+                       help="eagle: weight of the feature regression beside the token cross-entropy (default 1)")
     model.add_argument("--fine-tune-last-layer", action="store_true",
                        help="the paper's fine-tuned variant: also retrain the last decoder layer with a KL term "
                             "(NOT lossless with respect to the original model)")
@@ -62,10 +70,17 @@ def add_parser(commands, positive_int, language) -> None:
     run.add_argument("--eval-every", type=positive_int, default=200, metavar="STEPS")
     run.add_argument("--checkpoint-every", type=positive_int, default=200, metavar="STEPS")
     run.add_argument("--max-steps", type=positive_int, default=None, help="stop early (resume later)")
+    run.add_argument("--also-cache", type=Path, action="append", default=[], metavar="DIR",
+                     help="eagle: train on this existing cache too (its train/ shards, built earlier with "
+                          "--cache-only from other data); repeatable")
+    run.add_argument("--cache-only", action="store_true",
+                     help="build (or extend) the cache of the base model's states and stop: another run, or "
+                          "another head type, trains on it later with the same --cache-dir")
     run.add_argument("--no-resume", action="store_true", help="start over even if a checkpoint exists")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--device", choices=("cpu", "cuda"), default=None)
     run.add_argument("--threads", type=positive_int, default=None)
+    ctc_cli.add_arguments(p)
     p.set_defaults(run=run_train)
 
 
@@ -75,6 +90,8 @@ def run_train(args: argparse.Namespace) -> int:
     from ..loading import load_model
     from . import features, plots, trainer, windows
 
+    if args.heads_type == "ctc":
+        return ctc_cli.run_train(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     if not args.data and not args.audio_dir:
@@ -103,10 +120,15 @@ def run_train(args: argparse.Namespace) -> int:
                                        min_seconds=args.window_seconds[0], max_seconds=args.window_seconds[1])
         summary["heldout"] = features.build_cache(base, heldout_windows, cache / "heldout", label, "cache heldout")
     times["cache_seconds"] = round(time.perf_counter() - began, 1)
+    if args.cache_only:
+        print(json.dumps(dict(cache=str(cache), **summary, **times)))
+        return 0
 
+    if args.heads_type == "eagle":
+        return _train_eagle(args, base, cache, train_windows, summary, times)
     cfg = trainer.TrainConfig(
         heads_type=args.heads_type, num_heads=args.num_heads, num_layers=args.num_layers,
-        proposal_vocab=args.proposal_vocab, fine_tune_last_layer=args.fine_tune_last_layer,
+        proposal_vocab=args.proposal_vocab or 0, fine_tune_last_layer=args.fine_tune_last_layer,
         kl_weight=args.kl_weight, last_layer_lr=args.last_layer_lr, epochs=args.epochs, batch_positions=args.batch_positions,
         batch_windows=args.batch_windows, lr=args.lr, seed=args.seed, eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every)
@@ -117,21 +139,61 @@ def run_train(args: argparse.Namespace) -> int:
     base = base.float().cpu() if args.device != "cuda" else base.float()
     trained, state = trainer.train(base, train_shard, heldout, cfg, work, resume=not args.no_resume,
                                    max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr))
-    times["train_seconds"] = round(state.seconds, 1)
+    record = _record(args, cfg, state, work, summary, times, plots.plot_history,
+                     f"{args.base} {args.heads_type} x{args.num_heads}")
+    record["device"] = str(next(base.parameters()).device)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(trainer.heads_file(trained, base, args.base, record), args.out)
+    _report(args, state, times)
+    return 0
 
+
+def _record(args, cfg, state, work: Path, summary: dict, times: dict, plot, title: str) -> dict:
+    """Write the curve (history.json and training.png) and return the training record of a heads file."""
+    import torch
+
+    times["train_seconds"] = round(state.seconds, 1)
     (work / "history.json").write_text(json.dumps(state.history, indent=1))
-    if plots.plot_history(state.history, work / "training.png", title=f"{args.base} {args.heads_type} x{args.num_heads}") is None:
+    if plot(state.history, work / "training.png", title=title) is None:
         print(f"no loss plot: matplotlib is not installed (pip install matplotlib); the curve is in {work / 'history.json'}",
               file=sys.stderr)
-    record = dict(
+    return dict(
         base_model=args.base, train_config=asdict(cfg), labels=args.labels,
         data=[str(p) for p in args.data] + [str(p) for p in args.audio_dir],
         heldout=str(args.heldout) if args.heldout else None, cache=summary, steps=state.step,
-        threads=torch.get_num_threads(), device=str(next(base.parameters()).device), **times,
+        threads=torch.get_num_threads(), **times,
         final=state.history[-1] if state.history else None, command="medusa-whisper " + " ".join(sys.argv[1:]),
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(trainer.heads_file(trained, base, args.base, record), args.out)
+
+
+def _report(args, state, times) -> None:
     print(json.dumps(dict(out=str(args.out), steps=state.step, **times,
                           heldout=(state.history[-1].get("heldout") if state.history else None))))
+
+
+def _train_eagle(args, base, cache: Path, train_windows, summary: dict, times: dict) -> int:
+    """The EAGLE draft head on the same cache: its own trainer, a draft-head file."""
+    import torch
+
+    from ..drafting.draft_head import draft_head_file
+    from . import eagle, features, plots
+
+    cfg = eagle.EagleTrainConfig(
+        shortlist=args.proposal_vocab or 8192, epochs=args.epochs, batch_windows=args.batch_windows, lr=args.lr,
+        feature_weight=args.feature_weight, rollout_prob=args.rollout_prob, seed=args.seed,
+        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every)
+    work = args.work_dir or args.out.with_suffix(".work")
+    n_shards = -(-len(train_windows) // features.SHARD_WINDOWS)
+    train_shard = features.load_cache(cache / "train", max_shards=n_shards)
+    if args.also_cache:
+        train_shard = features.merge([train_shard] + [features.load_cache(d / "train") for d in args.also_cache])
+        summary["also"] = [features.summarize(d / "train") for d in args.also_cache]
+    heldout = features.load_cache(cache / "heldout") if args.heldout else None
+    base = base.float().cpu() if args.device != "cuda" else base.float()
+    head, state = eagle.train(base, train_shard, heldout, cfg, work, resume=not args.no_resume,
+                              max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr))
+    record = _record(args, cfg, state, work, summary, times, plots.plot_eagle_history, f"{args.base} eagle")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(draft_head_file(head, args.base, record), args.out)
+    _report(args, state, times)
     return 0

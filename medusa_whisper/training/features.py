@@ -185,7 +185,7 @@ def build_cache(model, windows: Sequence[Window], out_dir: Path, options: LabelO
         if not path.exists():
             parts = [_featurize(model, windows[i : i + options.batch_size], stamps[i : i + options.batch_size], options)
                      for i in range(lo, hi, options.batch_size)]
-            _atomic_save(_merge(parts).to_dict(), path)
+            _atomic_save(merge(parts).to_dict(), path)
         bar.update(hi - lo)
     bar.close()
     summary = summarize(out_dir)
@@ -194,7 +194,8 @@ def build_cache(model, windows: Sequence[Window], out_dir: Path, options: LabelO
     return summary
 
 
-def _merge(parts: Sequence[Shard]) -> Shard:
+def merge(parts: Sequence[Shard]) -> Shard:
+    """Shards as one (windows in order)."""
     return Shard(
         tokens=[t for p in parts for t in p.tokens],
         sample_begin=[b for p in parts for b in p.sample_begin],
@@ -220,7 +221,7 @@ def load_cache(cache_dir: Path, audio_features: bool = True, max_shards: Optiona
         shards.append(shard)
     if not shards:
         raise FileNotFoundError(f"{cache_dir}: no cached shards")
-    return _merge(shards)
+    return merge(shards)
 
 
 def summarize(cache_dir: Path) -> Dict:

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 
-def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[Path]:
-    """Write the plot; returns None (and writes nothing) when matplotlib is not installed."""
+def _pyplot():
+    """matplotlib's pyplot without a display, or None when matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -15,7 +15,13 @@ def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[P
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    if not history:
+    return plt
+
+
+def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[Path]:
+    """Write the plot; returns None (and writes nothing) when matplotlib is not installed."""
+    plt = _pyplot()
+    if plt is None or not history:
         return None
     steps = [h["step"] for h in history]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -34,6 +40,37 @@ def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[P
     right.set_ylim(0, 1)
     if scored:
         right.legend(fontsize=7, ncol=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_eagle_history(history: List[Dict], path: Path, title: str = "") -> Optional[Path]:
+    """The EAGLE head's curves: train and held-out loss; held-out first-token accuracy and the
+    replayed tokens per decoder step."""
+    plt = _pyplot()
+    if plt is None or not history:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot([h["step"] for h in history], [h["train_loss"] for h in history], label="train")
+    scored = [h for h in history if "heldout" in h]
+    steps = [h["step"] for h in scored]
+    if scored:
+        left.plot(steps, [h["heldout"]["loss"] for h in scored], label="held-out")
+        right.plot(steps, [h["heldout"]["first_token_accuracy"] for h in scored], label="first draft right (held-out)")
+        twin = right.twinx()
+        twin.plot(steps, [h["heldout"]["tokens_per_step"] for h in scored], color="C3", label="tokens per step (replay)")
+        twin.set_ylabel("tokens per decoder step")
+        twin.legend(loc="lower right", fontsize=8)
+        right.legend(loc="upper left", fontsize=8)
+    left.set_xlabel("step")
+    left.set_ylabel("loss (cross-entropy + feature regression)")
+    left.legend()
+    right.set_xlabel("step")
+    right.set_ylabel("accuracy")
+    right.set_ylim(0, 1)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -23,7 +23,6 @@ above 0.8 and shrinks by one below 0.3, within [1, max].
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -32,7 +31,9 @@ from torch import Tensor
 from whisper.decoding import DecodingTask
 from whisper.tokenizer import Tokenizer
 
-from .decoder import chain_mask, decoder_hidden, new_cache, project
+from ..decoder import chain_mask, decoder_hidden, new_cache, project
+from .base import Committed, Proposer
+from .tree import CandidateTree
 
 # seed 004's thresholds for growing and shrinking the lookahead
 GROW_ABOVE, SHRINK_BELOW = 0.8, 0.3
@@ -130,14 +131,7 @@ def tokenizer_key(model) -> Tuple[bool, int]:
     return (model.is_multilingual, model.num_languages)
 
 
-@dataclass
-class DraftStats:
-    proposed: int = 0
-    accepted: int = 0
-    seconds: float = 0.0
-
-
-class Drafter:
+class Drafter(Proposer):
     """The draft model's side of one decoding: its encoder output, cache, and proposals.
 
     It works in its own token ids; ``to_main`` and ``to_draft`` translate at the boundary.
@@ -145,45 +139,43 @@ class Drafter:
 
     def __init__(self, draft, draft_mel: Tensor, main_task: DecodingTask, language: str,
                  max_tokens: int, adaptive: bool):
-        began = time.perf_counter()
-        self.model = draft
-        self.to_main = token_mapping(tokenizer_key(draft), tokenizer_key(main_task.model))
-        self.to_draft = token_mapping(tokenizer_key(main_task.model), tokenizer_key(draft))
-        options = main_task.options
-        # the draft's own initial tokens: its start-of-transcript sequence, with the prompt and
-        # prefix translated (whisper's DecodingTask builds it, so the rules are whisper's)
-        draft_options = replace(
-            options, language=language if draft.is_multilingual else "en",
-            prompt=self._translated(options.prompt), prefix=self._translated(options.prefix))
-        task = DecodingTask(draft, draft_options)
-        self.eot = task.tokenizer.eot
-        self.max_tokens, self.adaptive = max_tokens, adaptive
-        self.lookahead = max_tokens
-        features = task._get_audio_features(draft_mel)  # (1, n_audio_ctx, n_audio_state)
-        self.cache = new_cache(draft.decoder, None, features)
-        self.device = features.device
-        self.context_length = 0
-        self.n_ctx = draft.dims.n_text_ctx
-        self.pending: List[int] = list(task.initial_tokens)
-        self.drafted: List[int] = []  # this step's draft tokens
-        self.mapped_lengths: List[int] = []  # how many main tokens each of them became
-        self.stats = DraftStats()
-        self.stats.seconds += time.perf_counter() - began
+        super().__init__()
+        with self._timed():  # its encoder pass is part of what drafting costs
+            self.model = draft
+            self.to_main = token_mapping(tokenizer_key(draft), tokenizer_key(main_task.model))
+            self.to_draft = token_mapping(tokenizer_key(main_task.model), tokenizer_key(draft))
+            options = main_task.options
+            # the draft's own initial tokens: its start-of-transcript sequence, with the prompt and
+            # prefix translated (whisper's DecodingTask builds it, so the rules are whisper's)
+            draft_options = replace(
+                options, language=language if draft.is_multilingual else "en",
+                prompt=self._translated(options.prompt), prefix=self._translated(options.prefix))
+            task = DecodingTask(draft, draft_options)
+            self.eot = task.tokenizer.eot
+            self.max_tokens, self.adaptive = max_tokens, adaptive
+            self.lookahead = max_tokens
+            features = task._get_audio_features(draft_mel)  # (1, n_audio_ctx, n_audio_state)
+            self.cache = new_cache(draft.decoder, features)
+            self.device = features.device
+            self.context_length = 0
+            self.n_ctx = draft.dims.n_text_ctx
+            self.pending: List[int] = list(task.initial_tokens)
+            self.drafted: List[int] = []  # this step's draft tokens
+            self.mapped_lengths: List[int] = []  # how many main tokens each of them became
 
     def _translated(self, tokens):
         if tokens is None or isinstance(tokens, str):
             return tokens
         return self.to_draft.sequence(tokens)
 
-    def propose(self) -> List[int]:
+    def _propose(self) -> CandidateTree:
         """Up to K draft tokens, greedily, as main-model token ids (a draft token may give several)."""
-        began = time.perf_counter()
         decoder = self.model.decoder
         k = min(self.lookahead, self.n_ctx - self.cache.length - len(self.pending))
         self.drafted, self.mapped_lengths = [], []
         self.context_length = self.cache.length
         if k <= 0 or not self.pending:
-            return []
+            return CandidateTree()
         proposal: List[int] = []
         inputs = self.pending
         for _ in range(k):
@@ -205,14 +197,12 @@ class Drafter:
         # the cache now holds the context, the old pending tokens and some of the drafted ones
         self.context_length += len(self.pending)
         self.pending = []
-        self.stats.proposed += len(proposal)
-        self.stats.seconds += time.perf_counter() - began
-        return proposal
+        return CandidateTree.chain(proposal)
 
-    def accept(self, kept: Sequence[int], n_accepted: int, n_proposed: int) -> None:
-        """The main model kept ``kept`` (its accepted candidates, then its own token): roll back."""
-        began = time.perf_counter()
-        self.stats.accepted += n_accepted
+    def _commit(self, committed: Committed) -> None:
+        """The main model kept its accepted candidates, then its own token: roll back to match."""
+        kept = committed.accepted + [committed.next_token]
+        n_accepted, n_proposed = committed.n_accepted, committed.n_proposed
         # draft tokens whose every main token was accepted stay
         whole, covered = 0, 0
         for length in self.mapped_lengths:
@@ -230,4 +220,3 @@ class Drafter:
                 self.lookahead = min(self.lookahead + 1, self.max_tokens)
             elif rate < SHRINK_BELOW:
                 self.lookahead = max(self.lookahead - 1, 1)
-        self.stats.seconds += time.perf_counter() - began

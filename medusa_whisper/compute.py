@@ -1,0 +1,539 @@
+"""Compute types: float32, int8 and bfloat16 models, applied once at load (faster-whisper's names).
+
+``apply_compute_type(model, name)`` converts a loaded model in place:
+
+- ``float32``: nothing changes (openai-whisper's numbers).
+- ``bfloat16``: every linear layer's weights, and the vocabulary projection's copy of the token
+  embedding, in bfloat16; their matrix products run in bfloat16 (``HalfLinear``), while the residual
+  stream, LayerNorms, attention and the encoder's convolutions stay float32.
+- ``int8``: every linear outside the encoder (decoder, Medusa heads and block, any drafter module
+  attached to the model) becomes an ``Int8Linear``: int8 weights with one scale per output
+  channel. The vocabulary projection is int8 too (``Int8Rows``, through ``transposed_rows`` in
+  decoder.py), with activations quantised per row. The encoder's linears, whose products have 1,500
+  rows, run in bfloat16 where the CPU has bfloat16 instructions (there they are both faster and
+  more accurate than int8) and as row-wise ``Int8Linear`` where it has not.
+- ``float16``, ``int8_float16``: CUDA only, as in faster-whisper.
+
+Why these kernels (measured on this project's 2-core AVX-512 CPU, see README "Compute types"):
+``torch.ao.quantization.quantize_dynamic`` is deprecated (torch warns it will be removed) and
+quantises the activations with one scale for the whole input, so a verification pass over eight
+rows gives other numbers for a row than a pass over that row alone: speculative decoding could no
+longer equal greedy decoding. torchao's ``Int8DynamicActivationInt8WeightConfig`` quantises per
+row, but its eager CPU path recomputes the weight's column sums in int32 on every call (48 ms for
+the 51,865-row projection against 2 ms in float32); it is built to be fused by torch.compile.
+What both end up calling are PyTorch's own int8 kernels, which we call directly:
+``torch._weight_int8pack_mm`` (int8 weights, bfloat16 activations, the kernel behind torchao's
+int8 weight-only path on CPUs) for the decoder's linears, and oneDNN's prepacked
+``onednn::qlinear_pointwise`` (the kernel Inductor lowers torchao's int8 linears to on x86) with
+activations quantised per row for the projection. Both are exact integer (or row-independent)
+arithmetic: a row's result does not depend on the other rows, so ``lossless`` stays lossless.
+
+Quantised models are cached beside the weights cache (``cache_dir()/compute``) as safetensors,
+keyed by the source files' SHA-256 or stamp, the compute type and the torch version; a second load
+reads that file instead of the checkpoint and rebuilds the prepacked forms (which cannot be saved).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import weakref
+from pathlib import Path
+from typing import Callable, Dict, Hashable, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from whisper.model import MultiHeadAttention
+
+from .errors import MedusaWhisperError
+
+log = logging.getLogger(__name__)
+
+COMPUTE_TYPES = ("float32", "int8", "bfloat16", "float16", "int8_float16")
+CPU_COMPUTE_TYPES = ("float32", "int8", "bfloat16")
+# bump when the cached layout or the quantisation changes: old cache files are then ignored
+CACHE_FORMAT = 2
+
+
+class ComputeTypeError(MedusaWhisperError, ValueError):
+    """A compute type that is unknown or that the device cannot run."""
+
+
+def check_compute_type(compute_type: str, device: Union[str, torch.device]) -> str:
+    """The compute type if ``device`` can run it; else one clear ComputeTypeError."""
+    device_type = torch.device(device).type
+    if compute_type not in COMPUTE_TYPES:
+        raise ComputeTypeError(f"unknown compute type {compute_type!r}; choose one of {', '.join(COMPUTE_TYPES)}")
+    if device_type == "cpu" and compute_type not in CPU_COMPUTE_TYPES:
+        raise ComputeTypeError(f"compute type {compute_type} needs a CUDA device; on the CPU use "
+                               f"{', '.join(CPU_COMPUTE_TYPES)}")
+    if device_type == "cuda" and compute_type == "int8":
+        raise ComputeTypeError("compute type int8 runs on the CPU; on CUDA use int8_float16, float16 or float32")
+    return compute_type
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_bfloat16() -> bool:
+    """Whether the CPU has native bfloat16 dot products (AVX-512 BF16 or AMX); elsewhere they are emulated."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def compute_type_of(model: nn.Module) -> str:
+    return getattr(model, "compute_type", "float32")
+
+
+# ---------------------------------------------------------------- int8 weights
+
+
+def quantize_rows(weight: Tensor) -> Tuple[Tensor, Tensor]:
+    """Symmetric int8 quantisation with one scale per row (per output channel).
+
+    weight  : shape = (n_out, n_in), floating point
+    returns : int8 of shape (n_out, n_in) and float32 scales of shape (n_out,), weight ~ q * scale[:, None]
+    """
+    w = weight.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+# prepacked oneDNN weights, per Int8Rows/Int8Linear: opaque tensors that cannot be saved or deep-copied
+_PACKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _packed(owner, qweight: Tensor) -> Tensor:
+    packed = _PACKED.get(owner)
+    if packed is None:
+        packed = _PACKED[owner] = torch.ops.onednn.qlinear_prepack(qweight, None)
+    return packed
+
+
+def _rowwise_int8_matmul(owner, x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
+    """x @ (qweight * scale[:, None]).T with x quantised to int8 row by row, in exact integer arithmetic.
+
+    x : shape = (M, n_in) float32 -> (M, n_out) float32. Each row is scaled to [-127, 127] by its own
+    maximum, so a row's result is the same whichever rows it is computed with.
+    """
+    row_scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30) / 127.0
+    # oneDNN's u8s8 path (VNNI): activations as uint8 with zero point 128
+    q = torch.round(x / row_scale).add_(128).to(torch.uint8)
+    zero_points = _ZEROS.get(qweight.shape[0])
+    if zero_points is None:
+        zero_points = _ZEROS[qweight.shape[0]] = torch.zeros(qweight.shape[0], dtype=torch.long)
+    y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 128, _packed(owner, qweight), scale, zero_points, None,
+                                           1.0, 0, torch.float32, "none", [], "")
+    return y.mul_(row_scale)
+
+
+_ZEROS: Dict[int, Tensor] = {}
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with int8 weights (one scale per output channel), a drop-in for whisper's Linear.
+
+    ``kernel``: "weight_only" multiplies bfloat16 activations by the int8 weights
+    (``torch._weight_int8pack_mm``; fastest for the few rows of a decoder step), "rowwise" quantises
+    the activations per row too (oneDNN, prepacked; for the encoder on CPUs without bfloat16),
+    "dequantize" is the portable fallback (CUDA). Output dtype = input dtype.
+    """
+
+    KERNELS = ("weight_only", "rowwise", "dequantize")
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, kernel: str = "weight_only"):
+        super().__init__()
+        assert kernel in self.KERNELS, kernel
+        self.in_features, self.out_features, self.kernel = in_features, out_features, kernel
+        self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scale", torch.ones(out_features))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, kernel: str = "weight_only") -> "Int8Linear":
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, kernel)
+        module.qweight, module.scale = quantize_rows(linear.weight)
+        if linear.bias is not None:
+            module.bias = linear.bias.detach().float().clone()
+        return module.to(linear.weight.device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1])
+        if self.kernel == "weight_only":
+            y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.qweight, self._unit_scale()).float()
+            y = y.mul_(self.scale)
+        elif self.kernel == "rowwise":
+            y = _rowwise_int8_matmul(self, rows.float(), self.qweight, self.scale)
+        else:
+            y = F.linear(rows.float(), self.qweight.float() * self.scale[:, None])
+        if self.bias is not None:
+            y = y.add_(self.bias)
+        return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+
+    def _unit_scale(self) -> Tensor:
+        # the per-channel scale is applied in float32 afterwards: as a bfloat16 factor inside the
+        # kernel it would itself be rounded to 8 bits
+        ones = _UNIT.get(self)
+        if ones is None or ones.device != self.qweight.device:
+            ones = _UNIT[self] = torch.ones(self.out_features, dtype=torch.bfloat16, device=self.qweight.device)
+        return ones
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
+
+
+_UNIT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class HalfLinear(nn.Module):
+    """A linear layer whose matrix product runs in bfloat16 (or float16): input cast down, output
+    cast back, so the residual stream around it keeps the input's dtype (float32)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=dtype))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, dtype: torch.dtype) -> "HalfLinear":
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, dtype)
+        module.weight = linear.weight.detach().to(dtype).clone()
+        if linear.bias is not None:
+            module.bias = linear.bias.detach().to(dtype).clone()
+        return module.to(linear.weight.device)
+
+    # set on the decoder's side (see _convert_structure): rows are multiplied one at a time there,
+    # because oneDNN's bfloat16 kernels round a row differently for some numbers of rows (e.g. 5 rows
+    # of 1536 -> 384), and a verified row must get exactly the numbers it gets alone
+    rows_alone = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.rows_alone and x.shape[:-1].numel() > 1:
+            rows = x.reshape(-1, x.shape[-1])
+            out = torch.cat([self._product(rows[i:i + 1]) for i in range(rows.shape[0])])
+            return out.reshape(*x.shape[:-1], self.out_features)
+        return self._product(x)
+
+    def _product(self, x: Tensor) -> Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.weight.dtype}"
+
+
+class Int8Rows:
+    """Selected rows of the token embedding as an int8 projection: ``states @ rows`` gives their logits.
+
+    Stands where ``transposed_rows`` returns ``weight[rows].T`` for float models: ``states @ it``
+    (states of shape (..., n_state)) returns float32 logits of shape (..., n_rows). Activations are
+    quantised per row (``_rowwise_int8_matmul``), so verifying several rows at once gives each the
+    logits it gets alone.
+    """
+
+    def __init__(self, qweight: Tensor, scale: Tensor):
+        self.qweight, self.scale = qweight.contiguous(), scale.contiguous()  # (n_rows, n_state), (n_rows,)
+        _packed(self, self.qweight)  # prepack now, not in the first decoder step
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.qweight.shape[1], self.qweight.shape[0]))  # as weight[rows].T
+
+    def __rmatmul__(self, states: Tensor) -> Tensor:
+        shape = states.shape
+        y = _rowwise_int8_matmul(self, states.reshape(-1, shape[-1]).float(), self.qweight, self.scale)
+        return y.reshape(*shape[:-1], self.qweight.shape[0])
+
+
+class HalfRows:
+    """Selected rows of the token embedding in bfloat16 (or float16): ``states @ rows`` gives float32 logits."""
+
+    def __init__(self, weight: Tensor):
+        self.matrix = weight.T.contiguous()  # (n_state, n_rows): see transposed_rows for why a copy
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.matrix.shape
+
+    def __rmatmul__(self, states: Tensor) -> Tensor:
+        # one row at a time, for the reason given at HalfLinear.rows_alone
+        rows = states.reshape(-1, states.shape[-1]).to(self.matrix.dtype)
+        logits = torch.cat([rows[i:i + 1] @ self.matrix for i in range(rows.shape[0])]).float()
+        return logits.reshape(*states.shape[:-1], self.matrix.shape[1])
+
+
+class Int8Embedding(nn.Module):
+    """The int8 copy of a token embedding that vocabulary projections use (int8 compute types)."""
+
+    def __init__(self, n_vocab: int, n_state: int):
+        super().__init__()
+        self.register_buffer("qweight", torch.zeros(n_vocab, n_state, dtype=torch.int8))
+        self.register_buffer("scale", torch.ones(n_vocab))
+
+    @classmethod
+    def from_weight(cls, weight: Tensor) -> "Int8Embedding":
+        module = cls(*weight.shape)
+        module.qweight, module.scale = quantize_rows(weight)
+        return module
+
+    def rows(self, index: Optional[Tensor]) -> Int8Rows:
+        if index is None:
+            return Int8Rows(self.qweight, self.scale)
+        return Int8Rows(self.qweight[index], self.scale[index])
+
+
+class HalfEmbedding(nn.Module):
+    """The bfloat16 (or float16) copy of a token embedding that vocabulary projections use."""
+
+    def __init__(self, n_vocab: int, n_state: int, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.register_buffer("weight", torch.zeros(n_vocab, n_state, dtype=dtype))
+
+    @classmethod
+    def from_weight(cls, weight: Tensor, dtype: torch.dtype) -> "HalfEmbedding":
+        module = cls(*weight.shape, dtype=dtype)
+        module.weight = weight.detach().to(dtype).clone()
+        return module
+
+    def rows(self, index: Optional[Tensor]) -> HalfRows:
+        return HalfRows(self.weight if index is None else self.weight[index])
+
+
+# id(token-embedding weight) -> (a weak reference to it, the module its projections come from);
+# keyed by id because a tensor's == is elementwise, which a WeakKeyDictionary would call on a
+# hash collision
+_PROJECTIONS: Dict[int, Tuple["weakref.ref", nn.Module]] = {}
+
+
+def _register_projection(weight: Tensor, source: nn.Module) -> None:
+    key = id(weight)
+    _PROJECTIONS[key] = (weakref.ref(weight, lambda _: _PROJECTIONS.pop(key, None)), source)
+
+
+def projection_source(weight: Tensor) -> Optional[nn.Module]:
+    entry = _PROJECTIONS.get(id(weight))
+    return entry[1] if entry is not None and entry[0]() is weight else None
+
+
+# owner module -> ((projection source identity, rows_key), its rows)
+_ROWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def projected_rows(owner: nn.Module, weight: Tensor, rows: Optional[Callable[[], Tensor]] = None,
+                   rows_key: Hashable = None) -> Optional[Union[Int8Rows, HalfRows]]:
+    """The compute type's projection onto ``weight[rows()]`` when ``weight`` is the token embedding
+    of a converted model, else None (float32: ``transposed_rows`` makes its own copy).
+
+    Made once per owner and ``rows_key`` (as ``transposed_rows``' copies are). Rows of the int8
+    embedding keep their own scales, so a shortlist projects exactly as the full vocabulary does.
+    """
+    source = projection_source(weight)
+    if source is None:
+        return None
+    key = (id(source), rows_key)
+    cached = _ROWS.get(owner)
+    if cached is None or cached[0] != key:
+        index = None if rows is None else rows().to(weight.device)
+        cached = _ROWS[owner] = (key, source.rows(index))
+    return cached[1]
+
+
+# ---------------------------------------------------------------- applying a compute type
+
+
+def _swap_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module], skip: Tuple[nn.Module, ...] = ()) -> None:
+    for name, child in list(module.named_children()):
+        if any(child is s for s in skip):
+            continue
+        if isinstance(child, nn.Linear):
+            setattr(module, name, make(child))
+        else:
+            _swap_linears(child, make, skip)
+
+
+HALF_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "int8_float16": torch.float16}
+
+
+def apply_compute_type(model: nn.Module, compute_type: str, device=None) -> nn.Module:
+    """Convert ``model`` (a loaded float32 MedusaWhisper) to ``compute_type`` in place, once; returns it.
+
+    Whisper's own linear modules are replaced, so ``whisper.decode`` on the returned model runs the
+    same converted linears; its vocabulary projection stays its own (float32).
+    """
+    device = device if device is not None else next(model.parameters()).device
+    check_compute_type(compute_type, device)
+    current = compute_type_of(model)
+    if current == compute_type:
+        return model
+    if current != "float32":
+        raise ValueError(f"the model is already {current}; load it again for {compute_type}")
+    if compute_type != "float32":
+        _convert_structure(model, compute_type, torch.device(device).type)
+        _finish(model, compute_type)
+    return model
+
+
+def _convert_structure(model: nn.Module, compute_type: str, device_type: str, quantize: bool = True) -> None:
+    """Swap the linear modules and add the projection's copy of the embedding.
+
+    quantize : False to build empty modules of the right shapes, which a cached state dict then fills
+    """
+    encoder = model.encoder
+    half = HALF_DTYPES.get(compute_type, torch.bfloat16)
+
+    def make(kind: str):
+        def swap(lin: nn.Linear) -> nn.Module:
+            args = (lin.in_features, lin.out_features, lin.bias is not None)
+            if kind == "half":
+                return HalfLinear.from_linear(lin, half) if quantize else HalfLinear(*args, dtype=half)
+            return Int8Linear.from_linear(lin, kind) if quantize else Int8Linear(*args, kernel=kind)
+        return swap
+
+    # the decoder, Medusa heads and block, and any drafter attached as a submodule
+    if compute_type in ("bfloat16", "float16"):
+        _swap_linears(model, make("half"), skip=(encoder,))
+    else:
+        _swap_linears(model, make("weight_only" if device_type == "cpu" else "dequantize"), skip=(encoder,))
+    # the encoder: 1,500-row products, where bfloat16 beats int8 on CPUs that have it. Its residual
+    # stream, convolutions and attention stay float32: measured on base (one window of jfk.flac),
+    # that costs 5 % more time than an all-bfloat16 encoder and cuts its mean output error from
+    # 1.8 % to 1.1 % of float32's
+    if compute_type == "int8" and not cpu_has_bfloat16():
+        _swap_linears(encoder, make("rowwise"))
+    else:
+        _swap_linears(encoder, make("half"))
+    in_encoder = {id(m) for m in encoder.modules()}
+    for module in model.modules():  # see decoder.attend: every verified row as if it were alone
+        if isinstance(module, (MultiHeadAttention, HalfLinear)) and id(module) not in in_encoder:
+            module.rows_alone = True
+    embedding = model.decoder.token_embedding.weight
+    if compute_type in ("int8", "int8_float16"):
+        model.decoder.token_projection = Int8Embedding.from_weight(embedding) if quantize else Int8Embedding(
+            *embedding.shape)
+    else:
+        model.decoder.token_projection = HalfEmbedding.from_weight(embedding, half) if quantize else HalfEmbedding(
+            *embedding.shape, dtype=half)
+
+
+def _finish(model: nn.Module, compute_type: str) -> None:
+    """Hooks, markers and prepacking shared by a fresh conversion and a cached load."""
+    weight = model.decoder.token_embedding.weight
+    _register_projection(weight, model.decoder.token_projection)
+    projected_rows(model.decoder, weight)  # build (and prepack) the full projection now, not in the first step
+    for module in model.modules():
+        if isinstance(module, Int8Linear) and module.kernel == "rowwise":
+            _packed(module, module.qweight)
+    model.compute_type = compute_type
+
+
+# ---------------------------------------------------------------- the cache of converted models
+
+
+def cache_key(sources: Dict[str, object], compute_type: str) -> str:
+    """What identifies a converted model: its sources' hashes or stamps, the type, torch and the format."""
+    record = dict(sources=sources, compute_type=compute_type, torch=torch.__version__, format=CACHE_FORMAT,
+                  bfloat16_encoder=cpu_has_bfloat16())
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def cache_path(key: str, compute_type: str) -> Path:
+    from .weights import cache_dir
+
+    return cache_dir() / "compute" / f"{compute_type}-{key}.safetensors"
+
+
+def save_converted(model: nn.Module, path: Path, build_info: dict) -> None:
+    """Write a converted model's tensors (safetensors, no pickle) and what rebuilds its skeleton."""
+    from safetensors.torch import save_file
+
+    from .weights import _atomic_path
+
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    # tied or shared tensors would be refused by safetensors: store each storage once
+    seen: Dict[Tuple[int, int], str] = {}
+    aliases = {}
+    for name in list(state):
+        t = state[name]
+        ident = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if ident in seen and state[seen[ident]].shape == t.shape:
+            aliases[name] = seen[ident]
+            del state[name]
+        else:
+            seen[ident] = name
+    alignment = getattr(model, "alignment_heads", None)
+    if alignment is not None:
+        state["__alignment_heads__"] = alignment.to_dense().contiguous()
+    metadata = {"build": json.dumps(build_info), "aliases": json.dumps(aliases),
+                "compute_type": model.compute_type, "torch": torch.__version__}
+    with _atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata=metadata)
+
+
+def load_converted(path: Path, build: Callable[[dict], nn.Module], compute_type: str, device) -> Optional[nn.Module]:
+    """A converted model from the cache, or None when the file is missing or does not fit.
+
+    build : makes the float32 skeleton from the stored build information (on the meta device,
+            so nothing is initialised only to be overwritten)
+    """
+    if not path.is_file():
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            # cloned: tensors read from the file may sit at any byte offset, and the int8 kernels
+            # crash (segmentation fault) on weights that are not 64-byte aligned
+            state = {k: f.get_tensor(k).clone() for k in f.keys()}
+        build_info, aliases = json.loads(metadata["build"]), json.loads(metadata["aliases"])
+    except Exception as e:  # a truncated or foreign file: convert again
+        log.warning("%s: unreadable converted model (%s); converting again", path, e)
+        return None
+    alignment = state.pop("__alignment_heads__", None)
+    for name, target in aliases.items():
+        state[name] = state[target]
+    with torch.device("meta"), _DenseOnMeta():
+        model = build(build_info)
+    _convert_structure(model, compute_type, torch.device(device).type, quantize=False)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        log.warning("%s: does not fit the model (%s); converting again", path, str(e).splitlines()[0])
+        return None
+    _rebuild_unsaved_buffers(model, alignment)
+    if any(t.is_meta for t in list(model.parameters()) + list(model.buffers())):
+        log.warning("%s: the model has tensors the cache does not hold; converting again", path)
+        return None
+    model = model.to(device).eval()
+    _finish(model, compute_type)
+    return model
+
+
+class _DenseOnMeta(torch.overrides.TorchFunctionMode):
+    """Lets a skeleton be built on the meta device: whisper makes its alignment-heads buffer sparse
+    in its constructor, which meta tensors cannot be; that buffer is rebuilt afterwards anyway."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is Tensor.to_sparse:
+            return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+def _rebuild_unsaved_buffers(model: nn.Module, alignment: Optional[Tensor]) -> None:
+    """Non-persistent buffers, which a state dict does not carry: whisper's causal mask and alignment heads."""
+    import numpy as np
+
+    decoder = model.decoder
+    n_ctx = decoder.positional_embedding.shape[0]
+    decoder.register_buffer("mask", torch.empty(n_ctx, n_ctx).fill_(-np.inf).triu_(1), persistent=False)
+    dims = model.dims
+    if alignment is None:
+        alignment = torch.zeros(dims.n_text_layer, dims.n_text_head, dtype=torch.bool)
+        alignment[dims.n_text_layer // 2:] = True  # whisper's default: the last half of the layers
+    model.register_buffer("alignment_heads", alignment.to_sparse(), persistent=False)

@@ -1,0 +1,247 @@
+"""The CTC draft head: its units, the proposer's re-synchronisation, lossless decoding with whole-window
+drafts (right, corrupted, empty) on a real recording, the replay that scores drafts without a decoder,
+training (the loss falls, a resume continues at the same step), loading by name, and the lossy option
+that must never be reached without its flag."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+import whisper
+from whisper.tokenizer import get_encoding, get_tokenizer
+
+import medusa_whisper
+from medusa_whisper import decoding
+from medusa_whisper.audio import load_audio
+from medusa_whisper.drafting.ctc import CtcDraft, CtcHead, CtcConfig, greedy_draft
+from medusa_whisper.drafting.ctc_proposer import CtcProposer, DraftSettings, align_end, choose_chunk
+from medusa_whisper.drafting.ctc_units import Units
+from medusa_whisper.drafting.draft_head import DraftHead, draft_head_file
+from medusa_whisper.drafting.replay import replay
+from medusa_whisper.drafting.tree import CandidateTree
+from medusa_whisper.training import ctc as ctc_training
+from medusa_whisper.training import features, windows
+
+from conftest import DATA
+
+JFK = DATA / "real" / "jfk.flac"
+# base's transcript of jfk.flac; tiny.en's differs (no comma after "Americans"), which the
+# proposer must absorb like any other draft error
+JFK_TEXT = " And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+CORRUPTED = " And so my felow Americans ask not wat you country can do for yu, ask what we can do fr your county"
+
+
+class FixedDraft(DraftHead):
+    """A stand-in head whose draft is a given text (characters 40 ms apart), for any window."""
+
+    kind = "ctc"
+
+    def __init__(self, text: str, entropy: float = 0.5, settings: DraftSettings = DraftSettings()):
+        super().__init__()
+        self.text, self.entropy, self.settings = text, entropy, settings
+        self.proposers = []
+
+    def proposer(self, model, audio_features, options):
+        n = len(self.text)
+        draft = CtcDraft(self.text, [0.04 * i for i in range(n)], [0.04 * (i + 1) for i in range(n)],
+                         [self.entropy] * n)
+        tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language="en",
+                                  task="transcribe")
+        proposer = CtcProposer(draft, tokenizer, self.settings, timestamps=not options.without_timestamps,
+                               lossy_entropy=options.lossy_ctc_entropy)
+        self.proposers.append(proposer)
+        return proposer
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return medusa_whisper.load_model("tiny.en", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def jfk_mel():
+    return whisper.log_mel_spectrogram(whisper.pad_or_trim(load_audio(JFK)))
+
+
+def _vanilla(model, mel, without_timestamps: bool):
+    return whisper.decode(model, mel, whisper.DecodingOptions(language="en", fp16=False,
+                                                              without_timestamps=without_timestamps))
+
+
+# -- units ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("encoding", ["gpt2", "multilingual"])
+def test_units_are_an_earlier_state_of_the_main_models_own_bpe(encoding):
+    text = " And Mr. John Dashwood had then leisure to consider it; naïve café, 42 times!"
+    full = get_encoding(encoding)
+    for n_units in (256, 1024):
+        units = Units(encoding, n_units)
+        ids = units.encode(text)
+        assert all(0 <= i < n_units for i in ids)
+        assert units.decode(ids) == text
+        assert full.encode(units.decode(ids)) == full.encode(text)
+    assert len(Units(encoding, 256).encode("abc")) == 3  # bytes: one unit per ASCII character
+    assert Units(encoding, len(full._mergeable_ranks)).encode(text) == full.encode(text)
+
+
+def test_greedy_draft_collapses_repeats_and_blanks_and_keeps_the_frames():
+    units = Units("gpt2", 256)
+    blank = 256
+    frames = [blank, ord("h"), ord("h"), blank, ord("i"), blank, blank, ord("i")]
+    # bytes are units in gpt2's rank order, not by value: look the unit of each character up
+    ids = [blank if f == blank else units.encode(chr(f))[0] for f in frames]
+    logprobs = torch.full((len(ids), 257), -20.0)
+    for t, i in enumerate(ids):
+        logprobs[t, i] = 0.0
+    draft = greedy_draft(logprobs, units, blank, frame_seconds=0.04)
+    assert draft.text == "hii"
+    assert draft.char_start == pytest.approx([0.04, 0.16, 0.28])
+    assert draft.char_end == pytest.approx([0.12, 0.20, 0.32])
+
+
+# -- the proposer's pieces -------------------------------------------------------------------------------
+
+def test_align_end_finds_where_the_committed_text_ends_in_the_draft():
+    assert align_end(" leisure", " lesur to consider") == (6, 2)  # the misspelt word, not beyond it
+    assert align_end(" consid", " consiter how") == (7, 1)  # inside a word: the draft's rest is "er"
+    assert align_end(" your", " you country")[0] == 4  # ends before the draft's next word
+    assert align_end(" man walked", " the man walked down")[0] == len(" the man walked")
+    end, cost = align_end("tail of it", "xx the tail of it yy", free_start=True)
+    assert (end, cost) == (len("xx the tail of it"), 0)
+
+
+def test_chunks_grow_with_acceptance_and_stop_when_drafts_fail():
+    base_costs = DraftSettings()
+    assert choose_chunk(0.95, base_costs) >= 8
+    assert 1 <= choose_chunk(0.5, base_costs) < choose_chunk(0.95, base_costs)
+    tiny_costs = DraftSettings(row_costs=(1.0, 1.21, 1.90, 2.27, 2.28))  # tiny.en's: a second row is dear
+    assert choose_chunk(0.1, tiny_costs) == 0
+    assert choose_chunk(0.9, replace(tiny_costs, fixed_chunk=3)) == 3
+
+
+# -- lossless decoding with whole-window drafts -------------------------------------------------------------
+
+@pytest.mark.parametrize("without_timestamps", [True, False], ids=["no-timestamps", "timestamps"])
+def test_ctc_drafts_are_lossless_and_re_synchronise_after_errors(tiny, jfk_mel, without_timestamps):
+    expected = _vanilla(tiny, jfk_mel, without_timestamps)
+    per_step = {}
+    try:
+        for name, text in (("right", JFK_TEXT), ("corrupted", CORRUPTED), ("empty", ""),
+                           ("unrelated", " Completely different words that are nothing like it.")):
+            tiny.draft_head = FixedDraft(text)
+            result = medusa_whisper.decode(tiny, jfk_mel, language="en", without_timestamps=without_timestamps)
+            assert result.tokens == expected.tokens, name
+            assert result.avg_logprob == pytest.approx(expected.avg_logprob, abs=1e-3)  # other row counts, other rounding
+            per_step[name] = result.tokens_per_step
+            counts = tiny.draft_head.proposers[-1].counts
+            if name == "corrupted":
+                assert counts["realignments"] >= 5
+    finally:
+        tiny.draft_head = None
+    assert per_step["right"] >= 3.0, per_step
+    # re-synchronisation keeps a corrupted draft useful: without it, the first error would end it
+    assert per_step["corrupted"] >= 2.0, per_step
+    assert per_step["empty"] == pytest.approx(1.0)
+
+
+def test_replay_counts_the_passes_the_decoding_loop_takes(tiny, jfk_mel):
+    """Scoring a draft without a decoder: the replayed passes equal the real loop's, draft for draft."""
+    tokenizer = get_tokenizer(False, language="en", task="transcribe")
+    try:
+        for without_timestamps in (True, False):
+            expected = _vanilla(tiny, jfk_mel, without_timestamps)
+            initial = list(tokenizer.sot_sequence_including_notimestamps if without_timestamps
+                           else tokenizer.sot_sequence)
+            for text in (JFK_TEXT, CORRUPTED):
+                tiny.draft_head = FixedDraft(text)
+                result = medusa_whisper.decode(tiny, jfk_mel, language="en", without_timestamps=without_timestamps)
+                proposer = FixedDraft(text).proposer(tiny, None, replace(
+                    decoding.MedusaDecodingOptions(), without_timestamps=without_timestamps))
+                replayed = replay(proposer, initial, expected.tokens + [tokenizer.eot], tokenizer.eot)
+                assert replayed.tokens == result.tokens_produced
+                assert replayed.passes == result.decoder_steps, (text, without_timestamps)
+    finally:
+        tiny.draft_head = None
+
+
+# -- the lossy option ------------------------------------------------------------------------------------------
+
+def test_the_lossy_option_is_never_reached_without_its_flag(tiny, jfk_mel, monkeypatch):
+    calls = []
+    real = decoding._accept_unverified
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(decoding, "_accept_unverified", spy)
+    expected = _vanilla(tiny, jfk_mel, True)
+    try:
+        # a confident (entropy 0.01) and wrong draft: exactly what the lossy option would accept
+        tiny.draft_head = FixedDraft(CORRUPTED, entropy=0.01)
+        lossless = medusa_whisper.decode(tiny, jfk_mel, language="en", without_timestamps=True)
+        assert calls == [] and lossless.tokens == expected.tokens
+        lossy = medusa_whisper.decode(tiny, jfk_mel, language="en", without_timestamps=True, lossy_ctc_entropy=0.1)
+    finally:
+        tiny.draft_head = None
+    assert calls, "with the flag, confident spans are taken unverified"
+    assert lossy.tokens != expected.tokens  # the corrupted words went through: lossy indeed
+    with pytest.raises(RuntimeError, match="lossy_ctc_entropy"):
+        real(CandidateTree.chain([1, 2], unverified=1), -1, decoding.MedusaDecodingOptions())
+
+
+# -- a real head: loads by name and decodes losslessly -----------------------------------------------------------
+
+def test_a_ctc_heads_file_loads_by_name_and_decodes_losslessly(tiny, jfk_mel, tmp_path, monkeypatch):
+    head = CtcHead(tiny.dims, CtcConfig(encoding="gpt2", n_units=256, width=64, layers=1))
+    torch.save(draft_head_file(head, "tiny.en", {"note": "untrained"}), tmp_path / "tiny.en-ctc.pt")
+    monkeypatch.setenv("MEDUSA_WHISPER_HEADS_DIR", str(tmp_path))
+    model = medusa_whisper.load_model("tiny.en-ctc", device="cpu")
+    assert isinstance(model.draft_head, CtcHead)
+    for (name, a), (_, b) in zip(head.state_dict().items(), model.draft_head.state_dict().items()):
+        assert torch.equal(a, b), name
+    for without_timestamps in (True, False):
+        result = medusa_whisper.decode(model, jfk_mel, language="en", without_timestamps=without_timestamps)
+        assert result.tokens == _vanilla(tiny, jfk_mel, without_timestamps).tokens
+        assert result.draft_seconds > 0  # the head's pass is part of the draft's time
+
+
+# -- training ---------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cache(tiny, clips, tmp_path_factory):
+    utterances = [windows.Utterance(path=str(c), group="all") for c in clips]
+    packed = windows.pack(utterances, seed=0, min_seconds=8, max_seconds=12)
+    out = tmp_path_factory.mktemp("ctc_cache")
+    features.build_cache(tiny, packed, out, features.LabelOptions(timestamps_fraction=0.5))
+    return features.load_cache(out)
+
+
+SMALL = ctc_training.CtcTrainConfig(width=64, layers=1, batch_windows=2, lr=3e-3, warmup_steps=2, eval_every=1000,
+                                    checkpoint_every=1000, dropout=0.0)
+
+
+def test_a_short_ctc_training_run_lowers_the_loss(tiny, cache, tmp_path):
+    cfg = replace(SMALL, epochs=12)
+    head, state = ctc_training.train(tiny, cache, cache, cfg, tmp_path)
+    tokenizer = ctc_training.tokenizer_of(tiny)
+    fresh = CtcHead(tiny.dims, cfg.head_config("gpt2"))
+    before = ctc_training.evaluate(fresh, cache, ctc_training.make_labels(cache, tokenizer, fresh), tokenizer,
+                                   DraftSettings())
+    after = state.history[-1]["heldout"]
+    assert after["loss"] < before["loss"] - 1.0
+    assert {"token_error_rate", "char_error_rate", "tokens_per_pass", "passes_per_window"} <= set(after)
+
+
+def test_ctc_training_resumes_at_the_same_step(tiny, cache, tmp_path):
+    cfg = replace(SMALL, epochs=3, checkpoint_every=2, dropout=0.1, time_masks=2)
+    straight, _ = ctc_training.train(tiny, cache, None, cfg, tmp_path / "straight")
+    ctc_training.train(tiny, cache, None, cfg, tmp_path / "split", max_steps=4)
+    assert torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["state"]["step"] == 4
+    logs = []
+    resumed, state = ctc_training.train(tiny, cache, None, cfg, tmp_path / "split", log=logs.append)
+    assert logs == [f"resuming at step 4 of {state.step}"]
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="other settings"):
+        ctc_training.train(tiny, cache, None, replace(cfg, lr=0.5), tmp_path / "split")

@@ -1,0 +1,138 @@
+"""The EAGLE draft head: training lowers the loss and resumes, its cache rolls back exactly, the
+held-out replay is the decoder's own count, and decoding with it (chain and tree) is lossless on
+real speech with and without timestamps."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+import whisper
+
+import medusa_whisper
+from medusa_whisper import decode
+from medusa_whisper.audio import load_audio
+from medusa_whisper.decoder import chain_mask
+from medusa_whisper.drafting.base import Committed
+from medusa_whisper.drafting.draft_head import draft_head_file
+from medusa_whisper.drafting.eagle import EagleProposer
+from medusa_whisper.training import eagle, features
+
+from conftest import DATA
+
+QUICK = eagle.EagleTrainConfig(shortlist=2048, epochs=12, batch_windows=2, lr=2e-3, warmup_steps=2,
+                               eval_every=1000, checkpoint_every=1000, simulate_windows=4)
+
+
+@pytest.fixture(scope="module")
+def tiny_en():
+    return medusa_whisper.load_model("tiny.en", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def shard(tiny_en_cache):
+    return features.load_cache(tiny_en_cache)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_en, shard, tmp_path_factory):
+    head, state = eagle.train(tiny_en, shard, shard, QUICK, tmp_path_factory.mktemp("eagle"))
+    return head, state
+
+
+def test_shortlist_is_the_most_frequent_labels(shard):
+    counts = eagle.token_frequencies(shard, 51864)
+    shortlist = eagle.choose_shortlist(counts, 50)
+    assert counts[shortlist].tolist() == sorted(counts[shortlist].tolist(), reverse=True)
+    assert int(counts[shortlist[-1]]) >= int(counts.sort(descending=True).values[50])
+    eot = 50256
+    assert eot in shortlist.tolist()  # every window ends with it
+
+
+def test_a_short_training_run_lowers_the_held_out_loss(tiny_en, shard, trained):
+    head, state = trained
+    untrained = eagle.new_head(tiny_en, shard, QUICK)
+    columns = torch.full((51864,), eagle.IGNORE, dtype=torch.long)
+    columns[untrained.token_ids] = torch.arange(len(untrained.token_ids))
+    before = eagle.evaluate(untrained, tiny_en.decoder, shard, columns, QUICK)
+    after = state.history[-1]["heldout"]
+    assert after["loss"] < before["loss"] - 0.5
+    assert after["first_token_accuracy"] > before["first_token_accuracy"]
+    assert after["tokens_per_step"] > before["tokens_per_step"]
+
+
+def test_resuming_continues_at_the_same_step(tiny_en, shard, tmp_path):
+    cfg = replace(QUICK, epochs=3, checkpoint_every=2)
+    straight, _ = eagle.train(tiny_en, shard, None, cfg, tmp_path / "straight")
+    eagle.train(tiny_en, shard, None, cfg, tmp_path / "split", max_steps=2)
+    logs = []
+    resumed, state = eagle.train(tiny_en, shard, None, cfg, tmp_path / "split", log=logs.append)
+    assert logs == [f"resuming at step 2 of {state.step}"]
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="other settings"):
+        eagle.train(tiny_en, shard, None, replace(cfg, lr=0.5), tmp_path / "split")
+
+
+@torch.no_grad()
+def test_rolled_back_draft_cache_equals_a_fresh_one_of_the_committed_tokens(tiny_en, shard, trained):
+    head, _ = trained
+    tokens, begin = shard.tokens[0], shard.sample_begin[0]
+    hidden = shard.hidden[: len(tokens)].float()[None]
+    audio = shard.audio_features[:1].float()
+    stepwise = EagleProposer(head, tiny_en.decoder, audio, depth=4, width=2, max_nodes=6)
+    stepwise.commit(Committed(tokens[:begin], hidden[:, :begin], 0, tokens[begin], 0, 0))
+    assert len(stepwise.propose()) == 6  # drafted rows written after the committed ones ...
+    n = begin + 5
+    stepwise.commit(Committed(tokens[begin:n], hidden[:, begin:n], begin, tokens[n], 2, 6))  # ... dropped here
+
+    fresh = EagleProposer(head, tiny_en.decoder, audio, depth=4, width=2, max_nodes=6)
+    fresh.commit(Committed(tokens[:n], hidden[:, :n], 0, tokens[n], 0, 0))
+    assert stepwise.cache.length == fresh.cache.length == n
+    torch.testing.assert_close(stepwise.cache.keys[:, :, :n], fresh.cache.keys[:, :, :n], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stepwise.next_feature, fresh.next_feature, atol=1e-5, rtol=1e-5)
+    a, b = stepwise.propose(), fresh.propose()
+    assert (a.tokens, a.parents) == (b.tokens, b.parents)
+
+
+def test_replay_counts_what_decoding_counts(tiny_en, trained, tiny_en_cache, tmp_path, monkeypatch):
+    """The held-out replay, fed the cached states, gives the tokens per step of real decoding of the
+    same windows (up to the fp16 rounding of the cache)."""
+    head, _ = trained
+    shard = features.load_cache(tiny_en_cache)
+    replay = eagle.simulate(head, tiny_en.decoder, shard, depth=5, windows=2)
+    model = _with_head(head, tmp_path, monkeypatch)
+    produced = steps = 0
+    for r in range(2):
+        meta = shard.meta[r]
+        result = decode(model, shard.audio_features[r].float(), language="en", fp16=False,
+                        without_timestamps=not meta["timestamps"])
+        assert result.tokens == shard.tokens[r][shard.sample_begin[r]:-1]
+        produced += result.tokens_produced
+        steps += result.decoder_steps
+    assert replay["tokens_per_step"] == pytest.approx(produced / steps, rel=0.1)
+
+
+def _with_head(head, folder, monkeypatch):
+    torch.save(draft_head_file(head, "tiny.en", {"test": True}), folder / "tiny.en-eagle.pt")
+    monkeypatch.setenv("MEDUSA_WHISPER_HEADS_DIR", str(folder))
+    model = medusa_whisper.load_model("tiny.en-eagle", device="cpu")
+    assert model.draft_head is not None and model.draft_head.kind == "eagle"
+    return model
+
+
+CLIPS = [DATA / "real" / "jfk.flac", DATA / "espeak_weather.flac", DATA / "flite_recipe.flac"]
+
+
+@pytest.mark.parametrize("without_timestamps", [True, False], ids=["no-timestamps", "timestamps"])
+def test_eagle_decoding_is_lossless_on_real_speech(tiny_en, trained, tmp_path, monkeypatch, without_timestamps):
+    head, _ = trained
+    model = _with_head(head, tmp_path, monkeypatch)
+    for clip in CLIPS:
+        mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(load_audio(clip)))
+        options = dict(language="en", fp16=False, without_timestamps=without_timestamps)
+        expected = whisper.decode(tiny_en, mel, whisper.DecodingOptions(**options))
+        for tree in (dict(), dict(tree_width=3, tree_nodes=8)):
+            result = decode(model, mel, **options, **tree)
+            assert result.tokens == expected.tokens, (clip.name, tree)
+            assert result.avg_logprob == pytest.approx(expected.avg_logprob, abs=1e-3)
+            assert result.draft_proposed > 0 and result.decoder_steps < result.tokens_produced

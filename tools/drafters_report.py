@@ -1,0 +1,131 @@
+"""Every proposer on the same real recordings: tokens per decoder pass, acceptance by depth, speed.
+
+Decodes each clip (real recordings of at most 30 s from data/real/real.csv, taken from its sources
+in turn as make bench does; never used in training) once with the encoder, then, on the same encoder
+output and interleaved clip by clip, with whisper.decode greedy and with each system. A system is a
+model name with optional decoding options after a colon:
+
+    python tools/drafters_report.py --systems base:off base-medusa base-medusa:tree_width=3,tree_nodes=10 \\
+        base-eagle base-eagle:tree_width=3,draft_tokens=6 --clips 40 --out bench_out/drafters_base
+
+All systems must share one base model (their heads differ). Reports, per system: tokens per decoder
+pass, the share of passes whose depth-d candidate was accepted, identical output to whisper.decode,
+decoder time against whisper.decode's (the ratio of summed seconds) and the proposer's share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import torch
+import whisper
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import medusa_whisper  # noqa: E402
+from medusa_whisper.audio import load_audio  # noqa: E402
+
+
+def parse_system(text: str) -> Tuple[str, Dict]:
+    """``name[:key=value,...]`` -> (model name, decode options); values are ints, else strings."""
+    name, _, rest = text.partition(":")
+    options: Dict = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if not key or not value and key != "off":
+            raise SystemExit(f"drafters_report: bad option {item!r} in {text!r} (want key=value)")
+        options[key] = int(value) if value.lstrip("-").isdigit() else value
+    if "off" in options:
+        options = dict(mode="off")
+    return name, options
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--systems", nargs="+", required=True, help="NAME[:key=value,...] (NAME:off for mode off)")
+    parser.add_argument("--real", type=Path, default=ROOT / "data" / "real" / "real.csv")
+    parser.add_argument("--clips", type=int, default=40, help="real recordings to decode (default 40)")
+    parser.add_argument("--timestamps", action="store_true", help="decode with timestamp tokens")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
+    args = parser.parse_args()
+
+    from bench import _real_records
+
+    torch.set_num_threads(args.threads)
+    systems = [parse_system(s) for s in args.systems]
+    models = {name: medusa_whisper.load_model(name, device="cpu") for name, _ in systems}
+    base = next(iter(models.values()))
+    records = _real_records(args.real, args.clips)
+    common = dict(language="en", fp16=False, without_timestamps=not args.timestamps)
+    totals = {text: dict(tokens=0, steps=0, same=0, seconds=0.0, draft=0.0, proposed=0, accepted=[])
+              for text in args.systems}
+    vanilla_seconds, audio_seconds = 0.0, 0.0
+    with torch.no_grad():  # warm-up, not counted
+        warm = base.embed_audio(torch.zeros(1, base.dims.n_mels, 3000))[0]
+        whisper.decode(base, warm, whisper.DecodingOptions(**common))
+        for text, (name, options) in zip(args.systems, systems):
+            medusa_whisper.decode(models[name], warm, **common, **options)
+    for record in tqdm(records, desc="clips", unit="clip"):
+        audio = load_audio(record["audio"])
+        audio_seconds += len(audio) / 16000
+        mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(audio)), base.dims.n_mels)
+        with torch.no_grad():
+            features = base.embed_audio(mel[None])[0]
+        began = time.perf_counter()
+        vanilla = whisper.decode(base, features, whisper.DecodingOptions(**common))
+        vanilla_seconds += time.perf_counter() - began
+        for text, (name, options) in zip(args.systems, systems):
+            began = time.perf_counter()
+            r = medusa_whisper.decode(models[name], features, **common, **options)
+            row = totals[text]
+            row["seconds"] += time.perf_counter() - began
+            row["tokens"] += r.tokens_produced
+            row["steps"] += r.decoder_steps
+            row["same"] += r.tokens == vanilla.tokens
+            row["draft"] += r.draft_seconds
+            row["proposed"] += r.draft_proposed
+            accepted = row["accepted"]
+            accepted.extend([0] * (len(r.accepted_per_head) - len(accepted)))
+            for d, a in enumerate(r.accepted_per_head):
+                accepted[d] += a
+
+    results: List[dict] = []
+    for text in args.systems:
+        row = totals[text]
+        results.append(dict(
+            system=text, clips=len(records), tokens_per_step=round(row["tokens"] / row["steps"], 3),
+            accepted_at_depth=[round(a / row["steps"], 3) for a in row["accepted"]],
+            proposed_per_step=round(row["proposed"] / row["steps"], 2),
+            identical_to_vanilla=round(row["same"] / len(records), 3),
+            decoder_speedup=round(vanilla_seconds / row["seconds"], 3),
+            decoder_seconds=round(row["seconds"], 2), draft_seconds=round(row["draft"], 2)))
+    info = dict(real=str(args.real), clips=len(records), audio_seconds=round(audio_seconds, 1),
+                timestamps=args.timestamps, threads=args.threads, torch=torch.__version__,
+                vanilla_decoder_seconds=round(vanilla_seconds, 2), load_average=list(__import__("os").getloadavg()))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.out}.json").write_text(json.dumps(dict(info=info, results=results), indent=1))
+    lines = [f"{len(records)} real recordings ({audio_seconds:.0f} s, {'with' if args.timestamps else 'without'} "
+             f"timestamps), {args.threads} threads; whisper.decode's decoder: {vanilla_seconds:.2f} s; "
+             f"load average {info['load_average'][0]:.1f}", "",
+             "| system | tokens/pass | candidates/pass | identical | decoder speedup vs whisper.decode | decoder s (proposer) | accepted at depth 1, 2, ... |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['system']} | {r['tokens_per_step']:.2f} | {r['proposed_per_step']:.1f} | "
+                     f"{r['identical_to_vanilla']:.0%} | {r['decoder_speedup']:.2f}x | {r['decoder_seconds']:.2f} "
+                     f"({r['draft_seconds']:.2f}) | {' '.join(f'{a:.2f}' for a in r['accepted_at_depth'])} |")
+    text = "\n".join(lines)
+    Path(f"{args.out}.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
