@@ -48,11 +48,11 @@ def test_a_killed_writers_temporary_file_is_cleared_by_the_next_write(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["talk.txt"]
 
 
-def _inputs(folder: Path) -> list:
+def _inputs(folder: Path, n: int = N_FILES) -> list:
     audio, rate = soundfile.read(JFK, dtype="float32", frames=3 * 16000)
     folder.mkdir()
     paths = []
-    for i in range(N_FILES):
+    for i in range(n):
         path = folder / f"part {i}.flac"
         soundfile.write(path, audio[i * 2000:], rate)  # each a little different
         paths.append(path)
@@ -121,7 +121,7 @@ def test_a_killed_batch_leaves_whole_files_and_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_the_batch_with_one_line_and_no_half_file(tmp_path):
-    paths = _inputs(tmp_path / "in")
+    paths = _inputs(tmp_path / "in", n=3 * N_FILES)  # long enough that Ctrl-C lands mid-batch on an idle machine
     out = tmp_path / "out"
     stopped = _interrupt_after(_command(paths, out), out, done=1, sig=signal.SIGINT)
     assert stopped.returncode == 130
