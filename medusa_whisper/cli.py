@@ -1,5 +1,10 @@
 """``medusa-whisper``: transcribe files, convert weights, list models.
 
+``medusa-whisper AUDIO ...`` is openai-whisper's command line: whisper's options under whisper's
+spellings (``--output_dir``, ``--word_timestamps True``) with whisper's meanings and defaults; each
+is also accepted as ``--output-dir``. ``medusa-whisper transcribe AUDIO ...`` is the same command
+with quieter defaults: the text on stdout, files only with ``--output-dir``.
+
 A mistake of the user's (a bad file, an unknown model, no network) is one line on stderr,
 ``medusa-whisper: error: <message>``, and a non-zero exit; in a batch, the other files go on.
 Anything else is a bug and keeps its traceback.
@@ -8,31 +13,54 @@ Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import json
+import copy
+import os
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 from .decoding import MODES
 from .errors import MedusaWhisperError
+from .outputs import OUTPUT_FORMATS, WRITER_OPTIONS, formats, output_record  # noqa: F401 (output_record: API)
 
 PROG = "medusa-whisper"
-# result["medusa"] entries copied into each file's JSON output
-STAT_FIELDS = ("windows", "fallback_windows", "tokens", "decoder_steps", "tokens_per_step", "encode_seconds",
-               "decode_seconds", "draft_proposed", "draft_accepted", "draft_acceptance", "draft_seconds")
-# whisper's writers, plus our own json (a superset of whisper's: Medusa statistics added)
-OUTPUT_FORMATS = ("txt", "vtt", "srt", "tsv", "json")
+COMMANDS = ("transcribe", "convert", "eval", "train", "models")
+
+
+class _Unset:
+    """The default of an option whose default depends on the form of the command."""
+
+    def __repr__(self) -> str:
+        return "unset"
+
+
+UNSET = _Unset()
+# What whisper's command line does when an option is not given, where our `transcribe` differs
+WHISPER_DEFAULTS = dict(output_dir=Path("."), output_format="all", verbose=True)
+TRANSCRIBE_DEFAULTS = dict(output_dir=None, output_format="txt", verbose=UNSET)
 
 
 def _error(message: object) -> None:
-    _write(f"{PROG}: error: {message}", sys.stderr)
+    _write(f"{PROG}: error: {_one_line(message)}", sys.stderr)
+
+
+def _note(message: object) -> None:
+    _write(f"{PROG}: note: {_one_line(message)}", sys.stderr)
+
+
+def _one_line(message: object) -> str:
+    """A message as one line, even when a file name holds a line break."""
+    return str(message).replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _write(line: str, file) -> None:
     tqdm.write(line, file=file)  # keeps a progress bar on the terminal intact
+
+
+# ---------------------------------------------------------------- argument types
 
 
 def _positive_int(text: str) -> int:
@@ -43,6 +71,15 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _optional_positive_int(text: str) -> Optional[int]:
+    return None if text.lower() == "none" else _positive_int(text)
+
+
+def _threads(text: str) -> int:
+    """whisper's --threads: 0 leaves torch's own choice."""
+    return 0 if text.strip() == "0" else _positive_int(text)
 
 
 def _optional_float(text: str) -> Optional[float]:
@@ -61,6 +98,10 @@ def _bool(text: str) -> bool:
     return value
 
 
+def _optional_bool(text: str) -> Optional[bool]:
+    return None if text.lower() == "none" else _bool(text)
+
+
 def _language(text: str) -> str:
     from whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
 
@@ -69,6 +110,48 @@ def _language(text: str) -> str:
     if code not in LANGUAGES:
         raise argparse.ArgumentTypeError(f"unknown language {text!r}; use a code such as en, de, fr")
     return code
+
+
+def _language_or_none(text: str) -> Optional[str]:
+    return None if text.lower() == "none" else _language(text)
+
+
+def _device(text: str) -> str:
+    import torch
+
+    try:
+        torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a torch device: {text!r} (cpu, cuda, cuda:1, ...)") from None
+    return text
+
+
+# ---------------------------------------------------------------- the parser
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Lists each option under our spelling only; whisper's underscore spellings are named once in the
+    description, so that the help stays readable."""
+
+    def _format_action_invocation(self, action):
+        ours = [s for s in action.option_strings if "_" not in s]
+        if ours and len(ours) < len(action.option_strings):
+            action = copy.copy(action)
+            action.option_strings = ours
+        return super()._format_action_invocation(action)
+
+
+def _option(group, *names: str, **kwargs) -> argparse.Action:
+    """An option under our spelling and whisper's: --output-format is also --output_format."""
+    whispers = ["--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:]]
+    return group.add_argument(*names, *whispers, **kwargs)
+
+
+def _switch(group, name: str, help: str) -> None:
+    """Our on/off flag (--word-timestamps) beside whisper's spelling, which takes a value (--word_timestamps True)."""
+    dest = name[2:].replace("-", "_")
+    group.add_argument(name, dest=dest, action="store_true", default=False, help=help)
+    group.add_argument("--" + dest, dest=dest, type=_bool, default=False, metavar="BOOL", help=argparse.SUPPRESS)
 
 
 def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,65 +184,107 @@ def _add_compute_type_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compute type of the --draft model (default: --compute-type)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
-    parser = argparse.ArgumentParser(prog=PROG, description="Whisper transcription with Medusa "
-                                     "multi-token decoding.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(title="commands", dest="command", required=True)
-
-    t = commands.add_parser("transcribe", help="transcribe audio files",
-                            description="Transcribe audio files; the text goes to stdout.")
-    t.add_argument("audio", nargs="+", metavar="AUDIO", help="audio files (wav, flac, ogg, mp3; "
-                   "others through ffmpeg)")
+def _add_transcribe_parser(commands) -> None:
+    t = commands.add_parser(
+        "transcribe", help="transcribe audio files (the default command)", formatter_class=_HelpFormatter,
+        description="Transcribe audio files; the text goes to stdout, files to --output-dir. "
+                    "`medusa-whisper AUDIO ...` is this command with whisper's defaults (--output-dir ., "
+                    "--output-format all, --verbose True). Every option is also accepted under "
+                    "openai-whisper's spelling (--output_dir, --word_timestamps True, ...), with whisper's meaning.")
+    t.add_argument("audio", nargs="*", metavar="AUDIO",
+                   help="audio files, or folders searched for them (wav, flac, ogg, mp3; others through ffmpeg)")
     t.add_argument("--model", default=None, metavar="NAME|PATH",
                    help="model name (see `medusa-whisper models`) or checkpoint path; "
                         "default: medusa_whisper.DEFAULT_MODEL")
+    _option(t, "--model-dir", default=None, metavar="DIR",
+            help="folder of openai-whisper checkpoints (tiny.en.pt, ...): used when there, downloaded into; "
+                 "default: whisper's own, ~/.cache/whisper")
     t.add_argument("--mode", choices=MODES, default="lossless",
                    help="lossless: same text as greedy decoding; typical: accept plausible "
                         "candidates too; off: no Medusa heads (default: lossless)")
-    t.add_argument("--language", type=_language, default=None, metavar="LANG",
-                   help="spoken language, e.g. en (default: detected)")
-    t.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                   help="default: cuda when available")
-    t.add_argument("--output-format", choices=OUTPUT_FORMATS + ("all",), default="txt",
-                   help="format of the files written to --output-dir; all: every one (default: txt)")
-    t.add_argument("--output-dir", type=Path, default=None, metavar="DIR",
-                   help="also write <stem>.<format> here for each file")
-    t.add_argument("--threads", type=_positive_int, default=None, metavar="N",
-                   help="CPU threads for torch")
-    t.add_argument("--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
+    t.add_argument("--language", type=_language_or_none, default=None, metavar="LANG",
+                   help="spoken language, e.g. en or English (default: detected)")
+    t.add_argument("--task", choices=("transcribe", "translate"), default="transcribe",
+                   help="transcribe, or translate into English (default: transcribe)")
+    t.add_argument("--device", type=_device, default=None, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    _option(t, "--output-format", "-f", choices=OUTPUT_FORMATS + ("all",), default=UNSET,
+            help="format of the files written; all: every one (default: txt; whisper's form: all)")
+    _option(t, "--output-dir", "-o", type=Path, default=UNSET, metavar="DIR",
+            help="write <stem>.<format> here for each file (default: none; whisper's form: .)")
+    _option(t, "--skip-existing", action="store_true",
+            help="skip files whose outputs are all in the output folder already (resumes a batch)")
+    t.add_argument("--verbose", type=_optional_bool, default=UNSET, metavar="BOOL",
+                   help="True: print segments as they are decoded; False: a progress bar; None: nothing "
+                        "(default: the text of each file; whisper's form: True)")
+    t.add_argument("--threads", type=_threads, default=0, metavar="N", help="CPU threads for torch (0: torch's choice)")
+    _option(t, "--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
     _add_draft_arguments(t)
     _add_compute_type_arguments(t)
 
+    many = t.add_argument_group("many machines (Ray; pip install 'medusa-whisper[ray]')")
+    many.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                      help="transcribe on a pool of Ray workers: a local Ray on this machine, or the cluster at "
+                           "ADDRESS (host:port or auto); outputs as without --ray, done files skipped, failures "
+                           "in OUT/failed.tsv")
+    _option(many, "--workers", type=_positive_int, default=1, metavar="N", help="Ray workers, one model each (default 1)")
+    _option(many, "--threads-per-worker", type=_positive_int, default=1, metavar="N",
+            help="torch threads (and Ray CPUs) per worker (default 1)")
+    _option(many, "--manifest", type=Path, default=None, metavar="FILE",
+            help="more inputs: one path or fsspec URL (s3://..., gs://...) per line")
+
+    decoding = t.add_argument_group("decoding (whisper's options; speculation applies to greedy decoding)")
+    decoding.add_argument("--temperature", type=float, default=0.0,
+                          help="temperature of the first decode of each window (0: greedy, speculative)")
+    _option(decoding, "--best-of", type=_optional_positive_int, default=5, metavar="N",
+            help="candidates sampled at a fallback temperature (default: 5)")
+    _option(decoding, "--beam-size", type=_optional_positive_int, default=None, metavar="N",
+            help="beam search with N beams through whisper's own decoder (default: none, greedy; "
+                 "whisper's command line defaults to 5)")
+    decoding.add_argument("--patience", type=float, default=None, help="beam search patience (whisper's)")
+    _option(decoding, "--length-penalty", type=float, default=None, metavar="ALPHA",
+            help="length penalty when ranking candidates (whisper's)")
+    _option(decoding, "--suppress-tokens", default="-1", metavar="IDS",
+            help="comma-separated token ids to suppress; -1: most special characters (default)")
+    decoding.add_argument("--fp16", type=_bool, default=True, metavar="BOOL",
+                          help="half precision on a GPU (default: True; a CPU always uses fp32)")
+
     long_form = t.add_argument_group("long audio (whisper.transcribe's options, same defaults)")
-    long_form.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
-    long_form.add_argument("--temperature", type=float, default=0.0,
-                           help="temperature of the first decode of each window (0: greedy, Medusa)")
-    long_form.add_argument("--temperature-increment-on-fallback", type=_optional_float, default=0.2, metavar="T",
-                           help="retry a failed window at temperatures this much higher, up to 1.0; none: no retry")
-    long_form.add_argument("--compression-ratio-threshold", type=_optional_float, default=2.4, metavar="X")
-    long_form.add_argument("--logprob-threshold", type=_optional_float, default=-1.0, metavar="X")
-    long_form.add_argument("--no-speech-threshold", type=_optional_float, default=0.6, metavar="X")
-    long_form.add_argument("--condition-on-previous-text", type=_bool, default=True, metavar="BOOL",
-                           help="prompt each window with the text before it (default: True)")
-    long_form.add_argument("--initial-prompt", default=None, metavar="TEXT", help="prompt for the first window")
-    long_form.add_argument("--carry-initial-prompt", action="store_true",
-                           help="put --initial-prompt before the prompt of every window")
-    long_form.add_argument("--clip-timestamps", default="0", metavar="START,END,...",
-                           help="only these stretches, in seconds (default: all)")
-    long_form.add_argument("--word-timestamps", action="store_true",
-                           help="word-level timestamps through whisper's cross-attention alignment")
-    long_form.add_argument("--hallucination-silence-threshold", type=_optional_float, default=None, metavar="S",
-                           help="with --word-timestamps: skip silences longer than S seconds around "
-                                "suspected hallucinations")
+    _option(long_form, "--temperature-increment-on-fallback", type=_optional_float, default=0.2, metavar="T",
+            help="retry a failed window at temperatures this much higher, up to 1.0; none: no retry")
+    _option(long_form, "--compression-ratio-threshold", type=_optional_float, default=2.4, metavar="X")
+    _option(long_form, "--logprob-threshold", type=_optional_float, default=-1.0, metavar="X")
+    _option(long_form, "--no-speech-threshold", type=_optional_float, default=0.6, metavar="X")
+    _option(long_form, "--condition-on-previous-text", type=_bool, default=True, metavar="BOOL",
+            help="prompt each window with the text before it (default: True)")
+    _option(long_form, "--initial-prompt", default=None, metavar="TEXT", help="prompt for the first window")
+    _switch(long_form, "--carry-initial-prompt", help="put --initial-prompt before the prompt of every window")
+    _option(long_form, "--clip-timestamps", default="0", metavar="START,END,...",
+            help="only these stretches, in seconds (default: all)")
+    _switch(long_form, "--word-timestamps", help="word-level timestamps through whisper's cross-attention alignment")
+    _option(long_form, "--prepend-punctuations", default="\"'“¿([{-", metavar="CHARS",
+            help="with --word-timestamps: joined to the next word")
+    _option(long_form, "--append-punctuations", default="\"'.。,，!！?？:：”)]}、", metavar="CHARS",
+            help="with --word-timestamps: joined to the previous word")
+    _option(long_form, "--hallucination-silence-threshold", type=_optional_float, default=None, metavar="S",
+            help="with --word-timestamps: skip silences longer than S seconds around suspected hallucinations")
+
     writer = t.add_argument_group("subtitles (srt, vtt), with --word-timestamps")
-    writer.add_argument("--highlight-words", action="store_true", help="underline each word as it is spoken")
-    writer.add_argument("--max-line-width", type=_positive_int, default=None, metavar="CHARS")
-    writer.add_argument("--max-line-count", type=_positive_int, default=None, metavar="LINES")
-    writer.add_argument("--max-words-per-line", type=_positive_int, default=None, metavar="WORDS")
+    _switch(writer, "--highlight-words", help="underline each word as it is spoken")
+    _option(writer, "--max-line-width", type=_optional_positive_int, default=None, metavar="CHARS")
+    _option(writer, "--max-line-count", type=_optional_positive_int, default=None, metavar="LINES")
+    _option(writer, "--max-words-per-line", type=_optional_positive_int, default=None, metavar="WORDS")
     t.set_defaults(run=_transcribe)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Whisper transcription with Medusa multi-token decoding. "
+        "`medusa-whisper AUDIO ...` works as openai-whisper's `whisper AUDIO ...`.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(title="commands", dest="command", required=True)
+    _add_transcribe_parser(commands)
 
     c = commands.add_parser("convert", help="convert weights into a whisper .pt checkpoint",
                             description="Convert a CTranslate2 Whisper directory or an openai-whisper "
@@ -197,12 +322,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _with_command(argv: List[str]) -> "tuple[List[str], bool]":
+    """whisper's habit: no command means transcribe (``medusa-whisper talk.mp3 --model base``)."""
+    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version"):
+        return ["transcribe", *argv], True
+    return argv, False
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a file name with undecodable bytes must not crash a print
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    argv, whisper_form = _with_command(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: 0 after --help or --version, 2 for a usage error
         return e.code if isinstance(e.code, int) else 2
+    args.whisper_form = whisper_form
     try:
         return args.run(args)
     except MedusaWhisperError as e:
@@ -216,43 +353,98 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 # ---------------------------------------------------------------- transcribe
 
 
+def _usage_problem(args: argparse.Namespace) -> Optional[str]:
+    """Option combinations that cannot work, said before any file is read (exit status 2)."""
+    if not args.audio and args.manifest is None:
+        return "no audio files given (usage: medusa-whisper AUDIO ... [options]; see --help)"
+    if args.ray is None and args.manifest is not None:
+        return "--manifest needs --ray"
+    if args.ray is not None and args.output_dir is None:
+        return "--ray needs --output-dir"
+    if args.hallucination_silence_threshold is not None and not args.word_timestamps:
+        return "--hallucination-silence-threshold needs --word-timestamps"
+    for flag in WRITER_OPTIONS:
+        if getattr(args, flag) not in (None, False) and not args.word_timestamps:
+            return f"--{flag.replace('_', '-')} needs --word-timestamps"
+    if args.skip_existing and args.output_dir is None:
+        return "--skip-existing needs --output-dir"
+    return None
+
+
+def _options_notes(args: argparse.Namespace) -> List[str]:
+    notes = []
+    if args.beam_size is not None or args.temperature > 0:
+        asked = f"--beam-size {args.beam_size}" if args.beam_size is not None else f"--temperature {args.temperature}"
+        notes.append(f"{asked}: decoded by openai-whisper's own decoder; Medusa speculation (heads or a draft "
+                     f"model) applies to greedy decoding only")
+    if args.max_line_count and not args.max_line_width:
+        notes.append("--max-line-count has no effect without --max-line-width")
+    if args.max_words_per_line and args.max_line_width:
+        notes.append("--max-words-per-line has no effect with --max-line-width")
+    return notes
+
+
 def _transcribe(args: argparse.Namespace) -> int:
     import torch
 
     import medusa_whisper
     from .audio import check_audio_path
+    from .batch import Summary, collect_jobs, output_clash
 
-    if args.threads is not None:
+    for name, value in (WHISPER_DEFAULTS if args.whisper_form else TRANSCRIBE_DEFAULTS).items():
+        if getattr(args, name) is UNSET:
+            setattr(args, name, value)
+    if args.ray not in (None, "local") and not _looks_like_address(args.ray):
+        args.audio.insert(0, args.ray)  # `--ray talk.wav ...`: the first input, not an address
+        args.ray = "local"
+    problem = _usage_problem(args)
+    if problem:
+        _error(problem)
+        return 2
+    if args.ray is not None:
+        return _transcribe_on_ray(args)
+    if args.threads:
         torch.set_num_threads(args.threads)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        _error("--device cuda: CUDA is not available on this machine")
+    if args.device is not None and args.device.startswith("cuda") and not torch.cuda.is_available():
+        _error(f"--device {args.device}: CUDA is not available on this machine")
         return 1
+    for note in _options_notes(args):
+        _note(note)
+
+    failed = 0
+
+    def problem_line(message: str) -> None:
+        nonlocal failed
+        _error(message)
+        failed += 1
+
+    jobs = collect_jobs(args.audio, problem_line)
+    output_formats = formats(args.output_format)
     if args.output_dir is not None:
-        clash = _output_clash(args.audio, _formats(args.output_format))
+        clash = output_clash(jobs, output_formats)
         if clash:
             _error(clash)
             return 2
-    if args.hallucination_silence_threshold is not None and not args.word_timestamps:
-        _error("--hallucination-silence-threshold needs --word-timestamps")
-        return 2
-    for flag in ("highlight_words", "max_line_width", "max_line_count", "max_words_per_line"):
-        if getattr(args, flag) not in (None, False) and not args.word_timestamps:
-            _error(f"--{flag.replace('_', '-')} needs --word-timestamps")
-            return 2
-
+    summary = Summary()
+    if args.skip_existing:
+        todo = [job for job in jobs if not job.done(args.output_dir, output_formats)]
+        summary.skipped = len(jobs) - len(todo)
+        jobs = todo
     # Files that cannot be opened fail before the model is loaded (which may take a while or
     # need a download); decoding waits for each file's turn, so a long batch is never all in memory.
-    paths, failed = [], 0
-    for path in args.audio:
+    readable = []
+    for job in jobs:
         try:
-            check_audio_path(path)
-            paths.append(path)
+            check_audio_path(job.path)
+            readable.append(job)
         except MedusaWhisperError as e:
-            _error(e)
-            failed += 1
-    if not paths:
+            problem_line(e)
+    summary.failed = failed
+    if not readable:
+        if summary.skipped and not failed:
+            _note(f"all {summary.skipped} files are done already (--skip-existing)")
+            return 0
         return 1
-
     if args.output_dir is not None:
         try:
             args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -260,13 +452,81 @@ def _transcribe(args: argparse.Namespace) -> int:
             _error(f"{args.output_dir}: cannot create output folder ({e.strerror or e})")
             return 1
     model = medusa_whisper.load_model(args.model or medusa_whisper.DEFAULT_MODEL, device=args.device,
-                                      draft=args.draft, **_compute_types(args))
+                                      draft=args.draft, download_root=args.model_dir,
+                                      **_compute_types(args))
+    if not model.is_multilingual and args.language not in (None, "en"):
+        _note(f"the model is English-only; transcribing as English, not {args.language!r}")
+        args.language = "en"
+    many = len(jobs) + summary.skipped > 1
+    _run_jobs(model, readable, args, output_formats, summary, many)
+    if many:
+        _write(f"{PROG}: {summary.line()}", sys.stderr)
+    return 1 if summary.failed else 0
 
-    show_bars = sys.stderr.isatty()
-    files_bar = tqdm(paths, unit="file", file=sys.stderr, disable=len(paths) < 2 or not show_bars)
-    for path in files_bar:
-        failed += not _transcribe_file(model, path, args, show_path=len(args.audio) > 1, show_bar=show_bars)
-    return 1 if failed else 0
+
+def _looks_like_address(text: str) -> bool:
+    return text == "auto" or text.startswith("ray://") or (":" in text and not os.path.exists(text))
+
+
+def _transcribe_on_ray(args: argparse.Namespace) -> int:
+    import medusa_whisper
+    from . import distributed
+    from .batch import output_clash
+
+    failed = 0
+
+    def problem_line(message) -> None:
+        nonlocal failed
+        _error(message)
+        failed += 1
+
+    ray = distributed.import_ray()  # noqa: F841 (one line now, before any work, when it is missing)
+    jobs = distributed.collect_inputs(args.audio, args.manifest, problem_line)
+    output_formats = formats(args.output_format)
+    clash = output_clash(jobs, output_formats)
+    if clash:
+        _error(clash)
+        return 2
+    for note in _options_notes(args):
+        _note(note)
+
+    def done(outcome) -> None:
+        if outcome.ok and args.verbose is UNSET:
+            _write(f"{outcome.job.path}: {outcome.text.strip()}", sys.stdout)
+
+    ray_options = distributed.RayOptions(
+        address=None if args.ray == "local" else args.ray, workers=args.workers,
+        threads_per_worker=args.threads_per_worker, model=args.model or medusa_whisper.DEFAULT_MODEL,
+        device=args.device, draft=args.draft, download_root=args.model_dir,
+        load_options=_compute_types(args))
+    summary = distributed.transcribe_archive(
+        jobs, args.output_dir, output_formats, transcribe_options(args, for_workers=True),
+        {k: getattr(args, k) for k in WRITER_OPTIONS}, ray_options, on_problem=_error, on_done=done,
+        progress=sys.stderr.isatty() and args.verbose is not None)
+    summary.failed += failed
+    _write(f"{PROG}: {summary.line()}", sys.stderr)
+    return 1 if summary.failed else 0
+
+
+def _run_jobs(model, jobs, args: argparse.Namespace, output_formats, summary, many: bool) -> None:
+    from .batch import transcribe_job
+
+    options = transcribe_options(args)
+    writer_options = {k: getattr(args, k) for k in WRITER_OPTIONS}
+    show_bars = args.verbose is False or (args.verbose is UNSET and sys.stderr.isatty())
+    files_bar = tqdm(jobs, unit="file", file=sys.stderr, disable=not many or not show_bars)
+    for job in files_bar:
+        def file_bar(**kwargs):
+            return tqdm(**kwargs, desc=Path(job.path).name, file=sys.stderr, position=1 if many else 0,
+                        leave=False, disable=not show_bars)
+
+        outcome = transcribe_job(model, job, options, args.output_dir, output_formats, writer_options, file_bar)
+        summary.add(outcome)
+        if not outcome.ok:
+            _error(outcome.error)
+        elif args.verbose is UNSET:
+            text = outcome.text.strip()
+            _write(f"{job.path}: {text}" if many else text, sys.stdout)
 
 
 def _compute_types(args: argparse.Namespace) -> dict:
@@ -287,13 +547,17 @@ def _compute_types(args: argparse.Namespace) -> dict:
     return chosen
 
 
-def transcribe_options(args: argparse.Namespace) -> dict:
-    """model.transcribe's keyword arguments from the command line (whisper's CLI rules)."""
+def transcribe_options(args: argparse.Namespace, for_workers: bool = False) -> dict:
+    """model.transcribe's keyword arguments from the command line (whisper's CLI rules).
+
+    for_workers: without ``verbose`` (a worker prints nothing) and with the English-only rule applied later
+    """
     if args.temperature_increment_on_fallback is not None:
         steps = np.arange(args.temperature, 1.0 + 1e-6, args.temperature_increment_on_fallback)
         temperature = tuple(round(float(t), 6) for t in steps)  # 0.6, not whisper's 0.6000000000000001
     else:
         temperature = (args.temperature,)
+    verbose = args.verbose if args.verbose in (True, False) and not for_workers else None
     return dict(mode=args.mode, num_heads=args.num_heads, draft_tokens=args.draft_tokens,
                 adaptive_lookahead=args.adaptive_lookahead, tree_width=args.tree_width, tree_nodes=args.tree_nodes,
                 lossy_ctc_entropy=args.lossy_ctc_entropy,
@@ -302,34 +566,11 @@ def transcribe_options(args: argparse.Namespace) -> dict:
                 logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
                 condition_on_previous_text=args.condition_on_previous_text, initial_prompt=args.initial_prompt,
                 carry_initial_prompt=args.carry_initial_prompt, clip_timestamps=args.clip_timestamps,
-                word_timestamps=args.word_timestamps,
-                hallucination_silence_threshold=args.hallucination_silence_threshold)
-
-
-def _transcribe_file(model, path: str, args: argparse.Namespace, show_path: bool, show_bar: bool) -> bool:
-    """Print (and write) one file's transcript; a failure is one error line and False."""
-
-    def file_bar(**kwargs):
-        return tqdm(**kwargs, desc=Path(path).name, file=sys.stderr, position=1 if show_path else 0,
-                    leave=False, disable=not show_bar)
-
-    try:
-        result = model.transcribe(path, progress=file_bar, **transcribe_options(args))
-    except MedusaWhisperError as e:
-        _error(e)
-        return False
-    text = result["text"].strip()
-    _write(f"{path}: {text}" if show_path else text, sys.stdout)
-    if args.output_dir is None:
-        return True
-    for output_format in _formats(args.output_format):
-        out = args.output_dir / (Path(path).stem + "." + output_format)
-        try:
-            _write_output(out, path, result, output_format, args)
-        except OSError as e:
-            _error(f"{out}: cannot write ({e.strerror or e})")
-            return False
-    return True
+                word_timestamps=args.word_timestamps, prepend_punctuations=args.prepend_punctuations,
+                append_punctuations=args.append_punctuations,
+                hallucination_silence_threshold=args.hallucination_silence_threshold, verbose=verbose,
+                best_of=args.best_of, beam_size=args.beam_size, patience=args.patience,
+                length_penalty=args.length_penalty, suppress_tokens=args.suppress_tokens, fp16=args.fp16)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -365,51 +606,6 @@ def _eval(args: argparse.Namespace) -> int:
         _write(line, sys.stdout)
     _write(f"wrote {csv_path} and {json_path}", sys.stdout)
     return 1 if report.problems else 0
-
-
-def _formats(output_format: str) -> Tuple[str, ...]:
-    return OUTPUT_FORMATS if output_format == "all" else (output_format,)
-
-
-def _output_clash(paths: List[str], formats: Sequence[str]) -> Optional[str]:
-    """Two inputs of one stem would overwrite each other's output file: say so before any work."""
-    seen = {}
-    for path in paths:
-        stem = Path(path).stem
-        if stem in seen:
-            return f"{seen[stem]} and {path} would both write {stem}.{formats[0]} in --output-dir"
-        seen[stem] = path
-    return None
-
-
-def output_record(path: str, result: dict) -> dict:
-    """What a file's JSON output holds: whisper's text, language and segments, and Medusa's statistics."""
-    stats = result.get("medusa", {})
-    record = {"file": str(path), "text": result["text"].strip(), "language": result.get("language"),
-              "segments": result.get("segments", [])}
-    record.update({k: stats[k] for k in STAT_FIELDS if k in stats})
-    return record
-
-
-def _write_output(out: Path, path: str, result: dict, output_format: str, args: argparse.Namespace) -> None:
-    if output_format == "json":
-        content = json.dumps(output_record(path, result), indent=2, ensure_ascii=False, default=_to_plain)
-        out.write_text(content + "\n", encoding="utf-8")
-        return
-    from whisper.utils import get_writer
-
-    # whisper's own writers, so that txt, vtt, srt and tsv are exactly what openai-whisper writes
-    writer = get_writer(output_format, str(out.parent))
-    options = {k: getattr(args, k) for k in ("highlight_words", "max_line_width", "max_line_count",
-                                             "max_words_per_line")}
-    writer(result, path, options)  # it names the file <stem of path>.<format> in out.parent
-
-
-def _to_plain(value):
-    """numpy and torch scalars or arrays that may sit in whisper's segments, as JSON values."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 # ---------------------------------------------------------------- convert, models

@@ -172,8 +172,12 @@ def read_tensors(path: Path) -> Dict[str, torch.Tensor]:
             return load_file(str(path), device="cpu")
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors and torch raise many types for truncated or foreign files
-        raise CheckpointError(f"{path}: cannot be read as weights ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:120] if str(e) else ''})") from e
+        if "Unsupported global" in str(e) or "Weights only load failed" in str(e):
+            raise CheckpointError(f"{path}: refused: it holds Python objects, which could run code when "
+                                  f"loaded; only tensors are read") from None
+        first = str(e).splitlines()[0][:120] if str(e) else ""
+        raise CheckpointError(f"{path}: cannot be read as weights (truncated or damaged: {type(e).__name__}"
+                              f"{': ' + first if first else ''})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: does not hold a dict of tensors")
     return state

@@ -7,6 +7,8 @@ this module only builds the model from a checkpoint dict and an optional heads f
 from __future__ import annotations
 
 import logging
+import os
+import re
 from dataclasses import asdict
 from typing import List, Optional, Union
 
@@ -42,6 +44,7 @@ def build_model(checkpoint: dict, heads: Optional[dict] = None, medusa: Optional
     """
     try:
         dims = ModelDimensions(**checkpoint["dims"])
+        _check_runnable(dims)
         config_dict = (heads or {}).get("medusa") or checkpoint.get("medusa")
         config = MedusaConfig(**config_dict) if config_dict else (medusa or MedusaConfig())
         model = MedusaWhisper(dims, config)
@@ -54,9 +57,32 @@ def build_model(checkpoint: dict, heads: Optional[dict] = None, medusa: Optional
             model.load_heads_state_dict(heads["heads_state_dict"])
             _apply_overrides(model, heads.get("decoder_overrides"))
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{source}: not a usable checkpoint ({str(e).splitlines()[0][:200]})") from e
+        raise CheckpointError(f"{source}: not a usable checkpoint ({_first_problem(e)})") from None
     _set_alignment_heads(model, checkpoint.get("alignment_heads"))
     return model
+
+
+def _check_runnable(dims: ModelDimensions) -> None:
+    """Dimensions whisper's front end and tokenizers can run: 30-s windows of 80 or 128 mel bins."""
+    for name in ("n_mels", "n_audio_ctx", "n_audio_state", "n_audio_head", "n_audio_layer", "n_vocab",
+                 "n_text_ctx", "n_text_state", "n_text_head", "n_text_layer"):
+        if not isinstance(getattr(dims, name), int) or getattr(dims, name) < 1:
+            raise ValueError(f"dims: {name} is {getattr(dims, name)!r}, not a positive whole number")
+    if dims.n_mels not in (80, 128) or dims.n_audio_ctx != 1500 or dims.n_vocab < 51864:
+        raise ValueError(f"dims n_mels={dims.n_mels}, n_audio_ctx={dims.n_audio_ctx}, n_vocab={dims.n_vocab}: "
+                         f"whisper needs 80 or 128 mel bins, 1500 audio positions and at least 51864 tokens")
+
+
+def _first_problem(error: Exception) -> str:
+    """torch's load_state_dict error is a paragraph; its first mismatch, in a few words."""
+    text = str(error)
+    size = re.search(r"size mismatch for ([\w.]+): copying a param with shape torch.Size\(\[([\d, ]*)\]\) "
+                     r"from checkpoint, the shape in current model is torch.Size\(\[([\d, ]*)\]\)", text)
+    if size:
+        return f"{size[1]} has shape ({size[2]}), the model needs ({size[3]})"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    detail = lines[1] if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else type(error).__name__)
+    return detail[:300]
 
 
 def _apply_overrides(model: MedusaWhisper, overrides: Optional[dict]) -> None:
@@ -100,29 +126,35 @@ def load_heads(path) -> dict:
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, torch.device]] = None,
+               download_root: Optional[str] = None, in_memory: bool = False, *,
                medusa: Optional[MedusaConfig] = None, draft: Optional[Union[str, MedusaWhisper]] = None,
                compute_type: str = "float32", draft_compute_type: Optional[str] = None) -> MedusaWhisper:
-    """Load a model by name (see ``medusa-whisper models``) or from a path.
+    """Load a model by name (see ``medusa-whisper models``) or from a path; whisper.load_model's arguments.
 
-    device : "cpu", "cuda", ...; default: CUDA when available
-    medusa : fresh heads of this configuration, for a base model without trained heads
-    draft  : a draft model (name, path or model) for draft-model speculative decoding; it then
-             proposes the candidates instead of the heads. Kept as ``model.draft_model``.
-    compute_type : "float32", "int8", "bfloat16" (CUDA: also "float16", "int8_float16"), see
-             compute.py; converted once at load, and cached for the next load
+    device        : "cpu", "cuda", ...; default: CUDA when available
+    download_root : a folder of openai-whisper checkpoints (``tiny.en.pt``, ...), as whisper's: a
+                    checkpoint there with openai's SHA-256 is used as it is, and a download goes
+                    there; default: whisper's own folder (``~/.cache/whisper``) is looked in
+    in_memory     : accepted for whisper's signature; weights are always read whole into memory
+    medusa        : fresh heads of this configuration, for a base model without trained heads
+    draft         : a draft model (name, path or model) for draft-model speculative decoding; it then
+                    proposes the candidates instead of the heads. Kept as ``model.draft_model``.
+    compute_type  : "float32", "int8", "bfloat16" (CUDA: also "float16", "int8_float16"), see
+                    compute.py; converted once at load, and cached for the next load
     draft_compute_type : the draft's compute type (default: ``compute_type``); a named draft only
     """
+    del in_memory  # torch.load reads the whole file either way
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     compute.check_compute_type(compute_type, device)
     if draft is not None:
-        model = load_model(name_or_path, device, medusa, compute_type=compute_type)
+        model = load_model(name_or_path, device, download_root, medusa=medusa, compute_type=compute_type)
         draft_model = draft if isinstance(draft, torch.nn.Module) else load_model(
-            draft, device, compute_type=draft_compute_type or compute_type)
+            draft, device, download_root, compute_type=draft_compute_type or compute_type)
         # a plain attribute, not a submodule: the main model's state_dict stays whisper's
         object.__setattr__(model, "draft_model", draft_model.to(model.device).eval())
         return model
-    resolved = weights.resolve(name_or_path)
+    resolved = weights.resolve(name_or_path, download_root=download_root)
     converted_path = None
     if compute_type != "float32" and medusa is None:
         converted_path = compute.cache_path(compute.cache_key(_sources(resolved), compute_type), compute_type)
@@ -131,7 +163,9 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
             return model
     checkpoint = weights.load_checkpoint(resolved.checkpoint)
     heads = load_heads(resolved.heads) if resolved.heads else None
-    model = build_model(checkpoint, heads, medusa, source=str(resolved.checkpoint))
+    # errors name what the user gave when it is a file or folder, else the cached checkpoint
+    given = os.fspath(name_or_path)
+    model = build_model(checkpoint, heads, medusa, source=given if os.path.exists(given) else str(resolved.checkpoint))
     # word-timestamp heads: openai's list for the named base model (large-v2 for large-v2-medusa),
     # unless the checkpoint brings its own, and only when it fits the model's shape
     base_name = weights.split_medusa_name(resolved.name) or resolved.name

@@ -424,7 +424,7 @@ def _transcribe_frames(model, mel: LogMelFrames, *, draft_frames: Optional[LogMe
                 bar.update(_seconds(min(content_frames, seek) - window.seek))
 
     return dict(text=tokenizer.decode(all_tokens[len(initial_prompt_tokens):]), segments=all_segments,
-                language=language, medusa=stats.as_dict())
+                language=language, medusa=dict(stats.as_dict(), audio_seconds=round(content_duration, 3)))
 
 
 def _seconds(frames: int) -> float:

@@ -232,7 +232,7 @@ def save_checkpoint(checkpoint: dict, path: Union[str, os.PathLike]) -> str:
 def _load_failure(error: Exception) -> str:
     """torch.load's errors are paragraphs; say in a few words what went wrong."""
     message = str(error)
-    if "Unsupported global" in message:
+    if "Unsupported global" in message or "Weights only load failed" in message:
         return "it holds Python objects, which a weights-only load refuses because they could run code"
     return "truncated, corrupt, or not a PyTorch checkpoint"
 
@@ -325,7 +325,35 @@ def _download(name: str, url: str, path: Path) -> str:
     return digest.hexdigest()
 
 
-def _base_checkpoint(name: str) -> Path:
+def whisper_dir(download_root: Optional[Union[str, os.PathLike]] = None) -> Path:
+    """Where openai-whisper keeps its checkpoints: ``download_root``, or ``$XDG_CACHE_HOME/whisper``."""
+    if download_root is not None:
+        return Path(download_root).expanduser()
+    return Path(os.getenv("XDG_CACHE_HOME", Path.home() / ".cache")) / "whisper"
+
+
+def _whisper_file(name: str, folder: Path) -> Optional[Path]:
+    """openai's own checkpoint of ``name`` where whisper downloads it, when it is there and intact.
+
+    openai's files are the originals (fp32 or fp16 as published); the offline packages are
+    conversions, so a user who already has whisper's file gets exactly whisper's weights.
+    """
+    url = whisper._MODELS.get(name)
+    if url is None:
+        return None
+    path = folder / os.path.basename(url)
+    if not path.is_file():
+        return None
+    if sha256_file(path) != url.split("/")[-2]:
+        log.warning("%s: SHA-256 does not match openai's; not used", path)
+        return None
+    return path
+
+
+def _base_checkpoint(name: str, download_root: Optional[Union[str, os.PathLike]] = None) -> Path:
+    found = _whisper_file(name, whisper_dir(download_root))
+    if found is not None:
+        return found
     offline = OFFLINE_SOURCES.get(name)
     located = offline.locate() if offline else None
     if located is not None:  # an installed offline package wins over any download
@@ -340,6 +368,10 @@ def _base_checkpoint(name: str) -> Path:
     if name not in whisper._MODELS:
         raise ModelNotFoundError(f"{name}: not installed; run `{OFFLINE_HINT}`")
     url = whisper._MODELS[name]
+    if download_root is not None:  # whisper's meaning: the download goes there, under openai's file name
+        path = whisper_dir(download_root) / os.path.basename(url)
+        _download(name, url, path)
+        return path
     cache = cache_dir()
     for key, entry in _read_manifest(cache).items():  # aliases such as turbo / large-v3-turbo share a file
         if entry.get("source") == url and (cache / entry["file"]).is_file():
@@ -403,10 +435,11 @@ def heads_file(name: str) -> Path:
     return heads_dir() / f"{name}.pt"
 
 
-def resolve(name_or_path: Union[str, os.PathLike]) -> Resolved:
+def resolve(name_or_path: Union[str, os.PathLike], download_root: Optional[Union[str, os.PathLike]] = None) -> Resolved:
     """The checkpoint (and heads) a model name or path stands for, converting or downloading on first use.
 
     A known name wins over a folder of the same name in the working directory: write ``./base`` for that.
+    download_root : whisper's checkpoint folder, looked in first for openai's own files (``whisper_dir``)
     """
     text = os.fspath(name_or_path)
     if isinstance(name_or_path, str) and text in HUB_MODELS:
@@ -414,22 +447,29 @@ def resolve(name_or_path: Union[str, os.PathLike]) -> Resolved:
     if isinstance(name_or_path, str) and text in available_models():
         base = split_medusa_name(text)
         if base is None:
-            return Resolved(text, _base_checkpoint(text), None)
+            return Resolved(text, _base_checkpoint(text, download_root), None)
         heads = heads_file(text)
         if not heads.is_file():  # checked first: no point converting a base without its heads
             raise ModelNotFoundError(f"{text}: heads file {heads} not found; the Medusa heads for {base} "
                                      f"are not installed (train them, or set ${HEADS_ENV})")
-        return Resolved(text, _base_checkpoint(base), heads)
+        return Resolved(text, _base_checkpoint(base, download_root), heads)
 
     path = Path(text).expanduser()
     if path.is_file() and path.name == "model.bin":
         path = path.parent
     if path.is_dir():
-        from .hf import is_hf_dir
+        from .hf import HF_INDEX_FILES, HF_WEIGHT_FILES, is_hf_dir
 
         if is_hf_dir(path):
             return Resolved(path.resolve().name, _hf_checkpoint(path), None)
+        hf_weights = [name for name in HF_WEIGHT_FILES + HF_INDEX_FILES if (path / name).is_file()]
+        if hf_weights and not (path / "model.bin").is_file():
+            raise CheckpointError(f"{path}: holds {hf_weights[0]} but no config.json; a Hugging Face model "
+                                  f"folder needs both")
         return Resolved(path.resolve().name, _ctranslate2_checkpoint(path), None)
+    if path.is_file() and path.suffix == ".safetensors":
+        raise ModelNotFoundError(f"{path}: a safetensors file alone is not a model; pass the Hugging Face folder "
+                                 f"that holds it with its config.json")
     if path.is_file():
         return Resolved(path.stem, path, None)
     if os.sep in text or "/" in text or path.suffix in (".pt", ".pth", ".bin") or text.startswith(("~", ".")):

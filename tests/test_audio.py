@@ -1,6 +1,7 @@
 """load_audio: real clips decode to mono 16 kHz float32; every kind of bad input is one AudioError line
 that names the file."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,7 +12,7 @@ import soundfile
 import torch
 import whisper
 
-from medusa_whisper.audio import audio_duration, load_audio
+from medusa_whisper.audio import audio_duration, load_audio, open_audio
 from medusa_whisper.errors import AudioError
 
 DATA = Path(__file__).parent / "data"
@@ -176,3 +177,53 @@ def test_quiet_speech_is_not_silence(tmp_path):
     path = tmp_path / "quiet.wav"
     soundfile.write(path, tone(amplitude=0.003), 16000, subtype="PCM_16")  # -50 dBFS
     assert len(load_audio(path)) == 16000
+
+
+# ---------------------------------------------------------------- leading silence, odd files
+
+
+def test_leading_digital_silence_is_counted_not_stored(tmp_path):
+    path = tmp_path / "late_start.flac"
+    speech = tone(0.5)
+    soundfile.write(path, np.concatenate([np.zeros(16000 * 700, np.float32), speech]), 16000)  # past the spill point
+    samples, _ = soundfile.read(path, dtype="float32")
+    with open_audio(path) as audio:
+        assert len(audio) == len(samples)
+        assert audio._zeros >= 16000 * 700 and audio._file is None  # nothing written to disk
+        for start, stop in ((0, 10), (16000 * 700 - 5, 16000 * 700 + 5), (len(samples) - 7, len(samples) + 3)):
+            np.testing.assert_array_equal(audio.read(start, stop), samples[start:stop])
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"Meeting notes: bring the slides\n" * 30, "it holds text"),
+    (b"<!DOCTYPE html><html>404</html>\n" * 5, "web page"),
+    (b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4, "PNG image"),
+    (bytes(4096), "only zero bytes"),
+    (b"RIF", "too short"),
+])
+def test_a_file_that_is_not_audio_says_what_it_is(tmp_path, content, words):
+    path = tmp_path / "notes.mp3"
+    path.write_bytes(content)
+    message = assert_audio_error(path, words)
+    assert "does not exist" not in message  # libsndfile's wrong words for a file it cannot place
+
+
+def test_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "pipe.wav"
+    os.mkfifo(fifo)
+    assert_audio_error(fifo, "FIFO")
+    link = tmp_path / "link.wav"
+    link.symlink_to(tmp_path / "gone.wav")
+    assert_audio_error(link, "broken symbolic link")
+
+
+def test_gsm_in_wav_is_read_although_it_cannot_seek(tmp_path):
+    path = tmp_path / "gsm.wav"
+    soundfile.write(path, tone(1.0, rate=8000), 8000, subtype="GSM610")
+    assert abs(len(load_audio(path)) - 16000) < 1000  # GSM frames of 160 samples, resampled
+
+
+def test_absurd_sample_values_are_damaged_data(tmp_path):
+    path = tmp_path / "huge.wav"
+    soundfile.write(path, tone() * 1e30, 16000, subtype="FLOAT")
+    assert_audio_error(path, "outside the range")

@@ -101,8 +101,8 @@ def test_bad_rows_are_reported_and_the_others_still_evaluated(tmp_path, capsys):
     assert code == 1  # like a batch transcription: something failed, the rest was done
     errors = captured.err.strip().splitlines()
     assert errors[:2] == [f"medusa-whisper: error: {p}" for p in problems]
-    assert len(errors) == 3 and errors[2].startswith(f"medusa-whisper: error: {data}:2: {unreadable}: not a readable "
-                                                     f"audio file")
+    assert len(errors) == 3 and errors[2] == (f"medusa-whisper: error: {data}:2: {unreadable}: not an audio "
+                                                    f"file: it holds text")
     assert captured.out.startswith("2 utterances")
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["summary"]["utterances"] == 2 and report["summary"]["skipped"] == 3

@@ -118,14 +118,14 @@ def test_cli_long_file_equals_whisper_transcribe_and_writes_every_format(long_re
     torch.manual_seed(0)  # fallback windows sample; both runs draw the same numbers
     expected = whisper.transcribe(block_model, audio, fp16=False)
 
-    monkeypatch.setattr(medusa_whisper, "load_model", lambda name, device=None, draft=None: block_model)
+    monkeypatch.setattr(medusa_whisper, "load_model", lambda name, device=None, draft=None, **options: block_model)
     out = tmp_path / "out"
     torch.manual_seed(0)
     assert main(["transcribe", str(long_recording), "--output-format", "all", "--output-dir", str(out)]) == 0
 
     record = json.loads((out / "long_5min.json").read_text())
     assert _segments(record) == _segments(expected)
-    assert record["text"] == expected["text"].strip()
+    assert record["text"] == expected["text"]  # whisper's json keeps its leading space
     assert len(expected["segments"]) >= 20
     assert record["windows"] >= 10 and record["tokens_per_step"] > 1.0
     # the long silences are skipped as whisper skips them: no segment starts inside one
@@ -156,7 +156,9 @@ def test_word_timestamps_and_forced_fallback_equal_whispers(long_recording, bloc
 
 
 def test_initial_prompt_is_carried_into_every_window(block_model, monkeypatch):
-    from medusa_whisper import transcribe as transcribe_module
+    import importlib
+
+    transcribe_module = importlib.import_module("medusa_whisper.transcribe")  # the module, not the function
 
     prompts = []
     original = transcribe_module.decode

@@ -67,8 +67,11 @@ def ensure_heldout(corpus: Path) -> Path:
     heldout = corpus / "heldout.csv"
     if not heldout.is_file():
         print(f"bench: {heldout} missing, synthesising the held-out corpus (tools/make_corpus.py --only heldout)")
-        subprocess.run([sys.executable, str(ROOT / "tools" / "make_corpus.py"), "--out", str(corpus), "--only",
-                        "heldout"], check=True)
+        done = subprocess.run([sys.executable, str(ROOT / "tools" / "make_corpus.py"), "--out", str(corpus), "--only",
+                               "heldout"])
+        if done.returncode != 0 or not heldout.is_file():
+            sys.exit(f"bench: error: the held-out corpus could not be built in {corpus} (tools/make_corpus.py "
+                     f"says why above)")
     return heldout
 
 
@@ -502,7 +505,14 @@ def main() -> None:
                         help="also a lossless draft-model row per compute type with this draft (repeatable); "
                              "@TYPE fixes the draft's compute type, e.g. base@int8")
     parser.add_argument("--out", type=Path, default=ROOT / "bench_out")
+    parser.add_argument("--setup-only", action="store_true",
+                        help="only get what the bench needs (held-out corpus, real recordings) and stop")
     args = parser.parse_args()
+    if args.setup_only:
+        real = ensure_real(args.real)
+        heldout = ensure_heldout(args.corpus)
+        print(f"bench: set up: {heldout}" + (f" and {real}" if real else " (no real recordings)"))
+        return
 
     import torch
 

@@ -464,23 +464,33 @@ def summarise(out: Path) -> None:
         print("train and heldout share no voice and no text")
 
 
-def missing_requirements() -> List[str]:
-    """One line per missing synthesiser or text, naming the Debian package that provides it."""
+def _unmet() -> List[Tuple[str, str]]:
+    """(what is missing, the Debian package that provides it), for each missing synthesiser or text."""
     missing = []
     for tool, package in (("espeak-ng", "espeak-ng"), ("flite", "flite"), ("text2wave", "festival"),
                           ("sox", "sox"), ("bible", "bible-kjv")):
         if shutil.which(tool) is None:
-            missing.append(f"{tool} not found (apt-get install {package})")
+            missing.append((f"{tool} not found", package))
     for voice, (package, rel) in FESTIVAL_VOICES.items():
         if not (FESTIVAL_VOICE_DIR / rel).is_dir():
-            missing.append(f"festival voice {voice} not found (apt-get install {package})")
+            missing.append((f"festival voice {voice} not found", package))
     if not FORTUNES.is_dir():
-        missing.append(f"{FORTUNES} not found (apt-get install fortunes)")
+        missing.append((f"{FORTUNES} not found", "fortunes"))
     if shutil.which("bible"):
         probe = subprocess.run(["bible", "Ge1:1"], capture_output=True, text=True)
         if "beginning" not in probe.stdout:
-            missing.append("the King James text is not found (apt-get install bible-kjv-text)")
+            missing.append(("the King James text is not found", "bible-kjv-text"))
     return missing
+
+
+def missing_requirements() -> List[str]:
+    """One line per missing synthesiser or text, naming the Debian package that provides it."""
+    return [f"{what} (apt-get install {package})" for what, package in _unmet()]
+
+
+def missing_packages() -> List[str]:
+    """The Debian packages to install for what is missing, each once, in a stable order."""
+    return list(dict.fromkeys(package for _, package in _unmet()))
 
 
 def main() -> None:
@@ -492,11 +502,18 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2, help="synthesis worker processes")
     parser.add_argument("--only", choices=SPLITS, default=None, help="build one split only")
+    parser.add_argument("--missing-packages", action="store_true",
+                        help="print the Debian packages still to install (space-separated; nothing when all are "
+                             "there) and stop")
     args = parser.parse_args()
+    if args.missing_packages:
+        print(" ".join(missing_packages()))
+        return
 
-    missing = missing_requirements()
+    missing = missing_packages()
     if missing:
-        sys.exit("make_corpus: error: " + "; ".join(missing))
+        sys.exit(f"make_corpus: error: the speech synthesisers are not installed; run `make bench-setup` "
+                 f"(as root it installs them) or `sudo apt-get install {' '.join(missing)}`")
     began = time.perf_counter()
     docs = split_documents()
     check_disjoint(docs)
