@@ -93,7 +93,7 @@ def run_train(args: argparse.Namespace) -> int:
         shards = {**shards, **json.loads(recorded.read_text())}  # a resumed run reads what the first one read
     work.mkdir(parents=True, exist_ok=True)
     recorded.write_text(json.dumps(shards, indent=1))
-    train_shard = features._merge([features.load_cache(folder, max_shards=n) for folder, n in
+    train_shard = features.merge([features.load_cache(folder, max_shards=n) for folder, n in
                                    zip(train_dirs, shards.values())])
     heldout = features.load_cache(heldout_dir) if features.shard_paths(heldout_dir) else None
     summary.setdefault("train", dict(windows=len(train_shard.tokens), shards=shards))
