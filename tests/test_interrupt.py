@@ -70,7 +70,10 @@ def _env():
 
 def _interrupt_after(command, out: Path, done: int, sig: int) -> subprocess.CompletedProcess:
     """Start the batch, wait until ``done`` files are written, then send ``sig``."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    # SIGINT as a terminal delivers it: a test runner started in the background of a shell script
+    # ignores SIGINT, and its children would inherit that (then Python installs no handler)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline and process.poll() is None:
         if out.is_dir() and len(list(out.glob("*.json"))) >= done:
