@@ -49,7 +49,7 @@ def interleaved(fns: dict, reps: int) -> dict:
 
 def pass_runner(model, features, rows: int, context: int = 60):
     decoder = model.decoder
-    cache = new_cache(decoder, None, features)
+    cache = new_cache(decoder, features)
     tokens = torch.randint(0, 50000, (1, context))
     decoder_hidden(decoder, tokens, torch.arange(context), cache, 0, chain_mask(0, context, "cpu"))
     cache.rollback(context)
