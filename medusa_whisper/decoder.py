@@ -20,7 +20,7 @@ from torch import Tensor, nn
 import whisper.model
 from whisper.model import MultiHeadAttention, ResidualAttentionBlock, TextDecoder
 
-from .compute import projected_rows, projection_source
+from .compute import projected_rows
 from .kv_cache import CrossKV, StaticKVCache
 
 
@@ -176,8 +176,9 @@ def block_forward(
 
 
 def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
-    """whisper's Sequential(Linear, GELU, Linear) through ``linear``; any other module as it is."""
-    if isinstance(mlp, nn.Sequential) and len(mlp) == 3 and all(type(m) in _PLAIN_LINEARS for m in (mlp[0], mlp[2])):
+    """whisper's Sequential(Linear, GELU, Linear) through ``linear`` (which calls a converted layer as it
+    is); any other module as it is."""
+    if isinstance(mlp, nn.Sequential) and len(mlp) == 3:
         return linear(mlp[2], mlp[1](linear(mlp[0], x)))
     return mlp(x)
 
@@ -254,13 +255,42 @@ def project(decoder: TextDecoder, states: Tensor) -> Tensor:
 
     states : shape = (..., n_state) -> (..., n_vocab)
     """
-    weight = decoder.token_embedding.weight
-    if (_rows(states) <= 16 and weight.device.type == "cpu" and weight.dtype == states.dtype
-            and projection_source(weight) is None):
-        # departs from whisper's x @ W.T: faster on a CPU for a step's few rows (weight_times_rows)
-        logits = weight_times_rows(weight, None, states.reshape(-1, states.shape[-1]))
-        return logits.reshape(*states.shape[:-1], logits.shape[-1]).float()
-    return (states @ transposed_rows(decoder, weight, states.dtype)).float()
+    return rows_logits(decoder, decoder.token_embedding.weight, states).float()
+
+
+# owner module -> ((weight identity and version, rows_key), weight[rows()] contiguous)
+_SELECTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def rows_logits(owner: nn.Module, weight: Tensor, states: Tensor, rows: Optional[Callable[[], Tensor]] = None,
+                rows_key: Hashable = None) -> Tensor:
+    """``states @ weight[rows()].T``: logits over the embedding's rows (all of them when ``rows`` is
+    None), the one route of every projection (the vocabulary, the Medusa heads' proposal vocabulary,
+    a draft head's shortlist). ``rows`` and ``rows_key`` as for ``transposed_rows``.
+
+    A converted model (compute.py) multiplies with its compute type's projection. Float weights on a
+    CPU with a step's few rows go through ``weight_times_rows`` over the rows as stored (a selection
+    is copied once per owner, weight and ``rows_key``); more rows, or a GPU, through
+    ``transposed_rows``' copy.
+
+    states : shape = (..., n_state) -> (..., n_rows)
+    """
+    converted = projected_rows(owner, weight, rows, rows_key)
+    if converted is not None:
+        return states @ converted
+    if weight.device.type == "cpu" and weight.dtype == states.dtype and _rows(states) <= 16:
+        chosen = weight if rows is None else _selected_rows(owner, weight, rows, rows_key)
+        logits = weight_times_rows(chosen, None, states.reshape(-1, states.shape[-1]))
+        return logits.reshape(*states.shape[:-1], logits.shape[-1])
+    return states @ transposed_rows(owner, weight, states.dtype, rows, rows_key)
+
+
+def _selected_rows(owner: nn.Module, weight: Tensor, rows: Callable[[], Tensor], rows_key: Hashable) -> Tensor:
+    key = (weight.data_ptr(), _version(weight), rows_key)
+    cached = _SELECTED.get(owner)
+    if cached is None or cached[0] != key:  # only the latest: a changed weight drops the old copy
+        cached = _SELECTED[owner] = (key, weight.detach()[rows()].contiguous())
+    return cached[1]
 
 
 def _rows(states: Tensor) -> int:

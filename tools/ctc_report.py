@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import medusa_whisper  # noqa: E402
 from medusa_whisper.audio import load_audio  # noqa: E402
 from medusa_whisper.drafting.ctc_proposer import CtcProposer  # noqa: E402
-from medusa_whisper.training.ctc import edit_distance  # noqa: E402
+from medusa_whisper.drafting.ctc_lexicon import edit_distance  # noqa: E402
 
 
 def read_rows(path: Path, limit: int, max_seconds: float = 30.0):

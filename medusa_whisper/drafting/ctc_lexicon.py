@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from whisper.tokenizer import get_encoding
 
@@ -60,13 +60,14 @@ class Lexicon:
         candidates = {c for d in _deletes(key, 2 if limit > 1 else 1) for c in self.index.get(d, ())}
         best: Optional[Tuple[int, int, str]] = None
         for c in candidates:
-            distance = _distance(key, c)
+            distance = edit_distance(key, c)
             if distance <= limit and (best is None or (distance, self.rank[c]) < best[:2]):
                 best = (distance, self.rank[c], c)
         return None if best is None else best[2]
 
 
-def _distance(a: str, b: str) -> int:
+def edit_distance(a: Sequence, b: Sequence) -> int:
+    """Levenshtein distance of two sequences (strings, token lists)."""
     previous = list(range(len(b) + 1))
     for i, x in enumerate(a, start=1):
         current = [i] + [0] * len(b)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from whisper.model import ModelDimensions, ResidualAttentionBlock
 
-from ..decoder import block_forward, chain_mask, transposed_rows
+from ..decoder import block_forward, chain_mask, rows_logits
 from ..kv_cache import CrossKV, StaticKVCache
 from .base import Committed, Proposer
 from .draft_head import DraftHead
@@ -81,15 +81,14 @@ class EagleHead(DraftHead):
         return self.fuse(torch.cat([features, embedded.to(features.dtype)], dim=-1))
 
     def shortlist_logits(self, states: Tensor, decoder) -> Tensor:
-        """Logits over the shortlist (column j is token ``token_ids[j]``), through a cached contiguous
-        transposed copy of the embedding rows (see ``transposed_rows``).
+        """Logits over the shortlist (column j is token ``token_ids[j]``), through the projections' one
+        route (``rows_logits``).
 
         states : shape = (..., n_state) -> (..., shortlist)
         """
         weight = decoder.token_embedding.weight
-        matrix = transposed_rows(self, weight, states.dtype, lambda: self.token_ids.to(weight.device),
-                                 rows_key=("eagle", int(self.token_ids.sum())))
-        return states @ matrix
+        return rows_logits(self, weight, states, lambda: self.token_ids.to(weight.device),
+                           rows_key=("eagle", int(self.token_ids.sum())))
 
     def proposer(self, model, audio_features: Tensor, options) -> "EagleProposer":
         depth = options.draft_tokens

@@ -15,7 +15,7 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..decoder import block_forward, chain_mask, transposed_rows
+from ..decoder import block_forward, chain_mask, rows_logits
 from ..heads import MedusaHeads
 from ..kv_cache import CrossKV, StaticKVCache
 from .base import Committed, Proposer
@@ -51,11 +51,9 @@ class MedusaProposer(Proposer):
             return CandidateTree()
         states = self.heads.head_states(self.head_input, self.num_heads)  # (1, K, n_state)
         embedding = self.decoder.token_embedding.weight
-        # == heads.proposal_logits(states, embedding), through a cached contiguous copy (see transposed_rows)
-        matrix = transposed_rows(self.heads, embedding, states.dtype,
-                                 lambda: self.heads.proposal_token_ids(embedding.device),
-                                 rows_key=self.heads.proposal_size)
-        logits = (states @ matrix)[0]  # (K, proposal_size)
+        # == heads.proposal_logits(states, embedding), through the projections' one route (rows_logits)
+        logits = rows_logits(self.heads, embedding, states, lambda: self.heads.proposal_token_ids(embedding.device),
+                             rows_key=self.heads.proposal_size)[0]  # (K, proposal_size)
         if self.width == 1:
             return CandidateTree.chain(self.heads.proposal_ids(logits.argmax(dim=-1)).tolist())
         logprobs, columns = F.log_softmax(logits.float(), dim=-1).topk(self.width, dim=-1)  # (K, width)

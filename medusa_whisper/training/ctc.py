@@ -32,6 +32,7 @@ from tqdm import tqdm
 from whisper.tokenizer import Tokenizer, get_tokenizer
 
 from ..drafting.ctc import CtcConfig, CtcHead, greedy_draft
+from ..drafting.ctc_lexicon import edit_distance
 from ..drafting.ctc_proposer import CtcProposer, DraftSettings
 from ..drafting.replay import replay, summarize
 from ..weights import safe_torch_load
@@ -133,16 +134,6 @@ def ctc_loss(head: CtcHead, features: Tensor, targets: Sequence[Sequence[int]]) 
 
 
 # -- held-out scores -----------------------------------------------------------------------------------
-
-def edit_distance(a: Sequence, b: Sequence) -> int:
-    previous = list(range(len(b) + 1))
-    for i, x in enumerate(a, start=1):
-        current = [i] + [0] * len(b)
-        for j, y in enumerate(b, start=1):
-            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y))
-        previous = current
-    return previous[-1]
-
 
 @torch.no_grad()
 def evaluate(head: CtcHead, shard: Shard, labels: Labels, tokenizer: Tokenizer, settings: DraftSettings,
