@@ -21,6 +21,7 @@ import whisper.model
 from whisper.model import MultiHeadAttention, ResidualAttentionBlock, TextDecoder
 
 from .compute import projected_rows
+from .invariant_attention import INVARIANT_DTYPE, every_slot_mask, invariant_attention, row_invariant
 from .kv_cache import CrossKV, StaticKVCache
 
 
@@ -33,6 +34,7 @@ class DecoderCache:
 
     self_attn: StaticKVCache
     cross_attn: CrossKV
+    dtype: torch.dtype = torch.float32  # of the residual stream (the audio features')
 
     @property
     def length(self) -> int:
@@ -50,13 +52,23 @@ def new_cache(decoder: TextDecoder, audio_features: Tensor) -> DecoderCache:
 
     audio_features : shape = (batch, n_audio_ctx, n_audio_state)
     """
-    batch = audio_features.shape[0]
-    n_ctx, n_state = decoder.positional_embedding.shape
+    n_ctx = decoder.positional_embedding.shape[0]
+    self_attn, cross_attn = block_caches(decoder.blocks, n_ctx, audio_features)
+    return DecoderCache(self_attn=self_attn, cross_attn=cross_attn, dtype=audio_features.dtype)
+
+
+def block_caches(blocks, n_ctx: int, audio_features: Tensor) -> Tuple[StaticKVCache, CrossKV]:
+    """The self-attention cache and cross-attention keys/values for ``blocks`` (the decoder's, or a
+    draft head's one block), in the layout their attention reads: head-major bfloat16 over every
+    slot for ``invariant_attention``, else the features' dtype."""
+    batch, _, n_state = audio_features.shape
     dtype, device = audio_features.dtype, audio_features.device
-    return DecoderCache(
-        self_attn=StaticKVCache(len(decoder.blocks), batch, n_ctx, n_state, dtype, device),
-        cross_attn=CrossKV(decoder.blocks, audio_features),
-    )
+    fixed = row_invariant(blocks[0].attn)
+    # fixed-length attention reads every slot (with weight 0 beyond the written ones): no garbage
+    self_attn = StaticKVCache(len(blocks), batch, n_ctx, n_state, INVARIANT_DTYPE if fixed else dtype, device,
+                              zeroed=fixed, n_head=blocks[0].attn.n_head if fixed else None)
+    cross_attn = CrossKV(blocks, audio_features, INVARIANT_DTYPE if row_invariant(blocks[0].cross_attn) else None)
+    return self_attn, cross_attn
 
 
 def chain_mask(start: int, n: int, device) -> Optional[Tensor]:
@@ -66,12 +78,14 @@ def chain_mask(start: int, n: int, device) -> Optional[Tensor]:
     return torch.ones(n, start + n, dtype=torch.bool, device=device).tril(diagonal=start)
 
 
-def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
+           q: Optional[Tensor] = None) -> Tensor:
     """Multi-head attention of queries from x over given keys and values.
 
     x    : shape = (batch, n_query, n_state), already layer-normed
     k, v : shape = (batch, n_key, n_state) or head-major (batch, n_head, n_key, d_head), already projected
     mask : shape = (n_query, n_key) bool, True where attention is allowed; or None
+    q    : the queries, when already projected (``self_attention_qkv``)
 
     Modules marked ``rows_alone`` (converted compute types, see compute.py) attend one query row at
     a time over exactly the keys it may see, as a pass over that row alone would: batched attention
@@ -79,7 +93,9 @@ def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Opti
     them turn such last-bit differences into different logits, so verifying K rows at once would
     no longer equal greedy decoding.
     """
-    q = linear(attn.query, x)
+    q = linear(attn.query, x) if q is None else q
+    if row_invariant(attn):
+        return linear(attn.out, invariant_attention(q, k, v, attn.n_head, mask))
     if q.shape[1] > 1 and getattr(attn, "rows_alone", False):
         return attn.out(torch.cat([_attention(q[:, i:i + 1], *_visible(k, v, mask, i), attn.n_head, None)
                                    for i in range(q.shape[1])], dim=1))
@@ -167,12 +183,34 @@ def block_forward(
     cross_v: Tensor,
     mask: Optional[Tensor],
 ) -> Tensor:
-    """One residual attention block; writes this pass's keys/values at slots [start, start+n)."""
+    """One residual attention block; writes this pass's keys/values at slots [start, start+n).
+
+    mask : as ``self_attention_mask`` gives it for this block's self-attention
+    """
     h = block.attn_ln(x)
-    k, v = cache.write(layer, start, linear(block.attn.key, h), linear(block.attn.value, h))
-    x = x + attend(block.attn, h, k, v, mask)
+    q, k, v = self_attention_qkv(block.attn, h)
+    k, v = cache.write(layer, start, k, v)
+    if row_invariant(block.attn):  # every slot, the unwritten ones masked: one shape for every pass
+        k, v = cache.keys[layer], cache.values[layer]
+    x = x + attend(block.attn, h, k, v, mask, q=q)
     x = x + attend(block.cross_attn, block.cross_attn_ln(x), cross_k, cross_v, None)
     return x + _mlp(block.mlp, block.mlp_ln(x))
+
+
+def self_attention_mask(attn: MultiHeadAttention, mask: Optional[Tensor], start: int, n: int,
+                        cache: StaticKVCache) -> Optional[Tensor]:
+    """The mask a pass of n rows from slot ``start`` gives ``block_forward``: ``chain_mask``'s (or a
+    tree's) as it is, widened to every cache slot for ``invariant_attention``. Made once per pass."""
+    return every_slot_mask(mask, start, n, cache.capacity) if row_invariant(attn) else mask
+
+
+def self_attention_qkv(attn: MultiHeadAttention, h: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """Queries, keys and values of a self-attention; one product for the three where they are int8
+    (``attn.qkv``, made at load by compute.fuse_qkv), whisper's three otherwise."""
+    fused = attn.__dict__.get("qkv")
+    if fused is not None:
+        return fused(h).split(attn.query.out_features, dim=-1)
+    return linear(attn.query, h), linear(attn.key, h), linear(attn.value, h)
 
 
 def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
@@ -200,7 +238,8 @@ def decoder_hidden(
     returns   : shape = (batch, n, n_state)
     """
     x = decoder.token_embedding(tokens) + decoder.positional_embedding[positions]
-    x = x.to(cache.cross_attn.keys[0].dtype)
+    x = x.to(cache.dtype)
+    mask = self_attention_mask(decoder.blocks[0].attn, mask, start, tokens.shape[1], cache.self_attn)
     for i, block in enumerate(decoder.blocks):
         x = block_forward(
             block, x, cache.self_attn, i, start, cache.cross_attn.keys[i], cache.cross_attn.values[i], mask

@@ -113,6 +113,18 @@ def _set_alignment_heads(model: MedusaWhisper, pairs) -> None:
     model.register_buffer("alignment_heads", mask.to_sparse(), persistent=False)
 
 
+def union_heads(parts: List[dict], paths) -> dict:
+    """One draft-head dict for several draft heads' files used together (drafting/union.py)."""
+    state_dict, configs = {}, []
+    for i, (heads, path) in enumerate(zip(parts, paths)):
+        if "draft_head" not in heads:
+            raise CheckpointError(f"{path}: not a draft head's file, so it cannot be part of a union")
+        configs.append(heads["draft_head"])
+        state_dict.update({f"parts.{i}.{name}": tensor for name, tensor in heads["state_dict"].items()})
+    return {"draft_head": {"kind": "union", "parts": configs}, "state_dict": state_dict,
+            "base_model": parts[0].get("base_model")}
+
+
 def load_heads(path) -> dict:
     """A heads file: {"medusa": config dict, "heads_state_dict": ..., "base_model": name, "record": ...},
     or a draft head's: {"draft_head": config dict, "state_dict": ..., ...}."""
@@ -163,6 +175,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
             return model
     checkpoint = weights.load_checkpoint(resolved.checkpoint)
     heads = load_heads(resolved.heads) if resolved.heads else None
+    if resolved.head_parts:
+        heads = union_heads([load_heads(path) for path in resolved.head_parts], resolved.head_parts)
     # errors name what the user gave when it is a file or folder, else the cached checkpoint
     given = os.fspath(name_or_path)
     model = build_model(checkpoint, heads, medusa, source=given if os.path.exists(given) else str(resolved.checkpoint))
@@ -180,8 +194,10 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
         compute.apply_compute_type(model, compute_type, device)
         if converted_path is not None:
             try:
-                compute.save_converted(model, converted_path, {"dims": asdict(model.dims),
-                                                               "medusa": model.medusa_config.to_dict()})
+                head = model.draft_head
+                compute.save_converted(model, converted_path, {
+                    "dims": asdict(model.dims), "medusa": model.medusa_config.to_dict(),
+                    "draft_head": None if head is None else dict(kind=head.kind, **head.config_dict())})
             except OSError as e:  # a read-only cache only costs the next load its conversion
                 log.warning("%s: cannot cache the converted model (%s)", converted_path, e)
     return model
@@ -189,11 +205,18 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
 
 def _sources(resolved: weights.Resolved) -> dict:
     """What a converted model is made from: the checkpoint's SHA-256 (from the manifest) or its
-    stamp, and the heads file's stamp."""
-    return {"checkpoint": weights.file_identity(resolved.checkpoint),
-            "heads": weights.file_identity(resolved.heads) if resolved.heads else None}
+    stamp, and the heads file's stamp (each part's, for a union of draft heads)."""
+    sources = {"checkpoint": weights.file_identity(resolved.checkpoint),
+               "heads": weights.file_identity(resolved.heads) if resolved.heads else None}
+    if resolved.head_parts:
+        sources["head_parts"] = [weights.file_identity(path) for path in resolved.head_parts]
+    return sources
 
 
 def _skeleton(build_info: dict) -> MedusaWhisper:
     """An empty float32 model of the stored shape, which a cached conversion's tensors then fill."""
-    return MedusaWhisper(ModelDimensions(**build_info["dims"]), MedusaConfig(**build_info["medusa"]))
+    dims = ModelDimensions(**build_info["dims"])
+    model = MedusaWhisper(dims, MedusaConfig(**build_info["medusa"]))
+    if build_info.get("draft_head"):  # an EAGLE or CTC head, whose tensors the cache holds too
+        model.draft_head = build_draft_head(dims, build_info["draft_head"])
+    return model

@@ -23,7 +23,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 import tqdm
 from whisper.audio import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, SAMPLE_RATE, pad_or_trim

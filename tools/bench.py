@@ -52,7 +52,7 @@ import soundfile as sf
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_systems import (ROOT, VANILLA, System, faster_whisper_system, torch_system,  # noqa: E402
+from bench_systems import (ROOT, VANILLA, System, isolated_faster_whisper_system, torch_system,  # noqa: E402
                            transformers_system)
 
 BUCKETS = (2, 5, 10, 20, 30)  # target seconds; 2 = one short utterance, as it comes
@@ -218,6 +218,30 @@ def drafter_system(drafter: str, model_name: str, device: str, compute_type: str
     return system
 
 
+def _int8_head_systems(model_name: str, device: str) -> List[System]:
+    """Lossless decoding at int8 with each shipped draft head: EAGLE (chain of 2), CTC, the Medusa tree."""
+    from medusa_whisper import weights
+
+    systems = []
+    for suffix, label, options, note in (
+            ("-eagle", "medusa_whisper eagle int8", dict(draft_tokens=2), "EAGLE draft head, chain of 2"),
+            ("-ctc", "medusa_whisper ctc int8", {}, "the CTC head's whole-window draft verified a chunk per pass"),
+            ("-ctc+eagle", "medusa_whisper ctc+eagle int8", dict(draft_tokens=2),
+             "the CTC draft and the EAGLE head's chain of 2 in one tree"),
+            ("-medusa", "medusa_whisper lossless tree int8", dict(tree_width=3, tree_nodes=10),
+             "Medusa heads, tree of the heads' top 3, 10 nodes")):
+        missing = weights.missing_heads(model_name + suffix)
+        if missing:
+            systems.append(System(label, None, f"skipped: no trained head (weights/{missing[0].name})"))
+            continue
+        system = torch_system(label, model_name + suffix, device, "lossless", f"{note}; compute type int8",
+                              compute_type="int8", decode_options=options)
+        system.probe = ["--probe", "torch", "--model", model_name + suffix, "--mode", "lossless",
+                        "--compute-type", "int8"]
+        systems.append(system)
+    return systems
+
+
 def build_systems(model_name: str, device: str, threads: int, compute_types=("float32",),
                   drafters=()) -> List[System]:
     """Every row of the table, in table order; a system that cannot run has ``run=None`` and a note."""
@@ -239,7 +263,7 @@ def build_systems(model_name: str, device: str, threads: int, compute_types=("fl
     tree = dict(tree_width=3, tree_nodes=10)
     for suffix, label, options, note in (
             ("-medusa", "medusa_whisper lossless tree", tree, "Medusa heads, tree of the heads' top 3, 10 nodes"),
-            ("-eagle", "medusa_whisper eagle", {}, "EAGLE draft head, chain of 5"),
+            ("-eagle", "medusa_whisper eagle", dict(draft_tokens=2), "EAGLE draft head, chain of 2"),
             ("-eagle", "medusa_whisper eagle tree", dict(tree, draft_tokens=6), "EAGLE draft head, tree: width 3, depth 6, 10 nodes")):
         heads = weights.heads_file(model_name + suffix)
         if not heads.is_file():
@@ -282,9 +306,11 @@ def build_systems(model_name: str, device: str, threads: int, compute_types=("fl
         systems.append(system)
         for drafter in drafters:
             systems.append(drafter_system(drafter, model_name, device, compute_type))
+        if compute_type == "int8":  # the draft heads at int8 too (their linears int8, as the model's)
+            systems.extend(_int8_head_systems(model_name, device))
     ct2_dir = weights.ctranslate2_dir(model_name)
     for compute in (("int8", "float32") if device == "cpu" else ("int8_float16", "float16")):
-        system = faster_whisper_system(f"faster-whisper {compute}", ct2_dir, compute, threads, device)
+        system = isolated_faster_whisper_system(f"faster-whisper {compute}", ct2_dir, compute, threads, device)
         system.probe = ["--probe", "faster-whisper", "--model", str(ct2_dir), "--compute-type", compute]
         systems.append(system)
     system = transformers_system("transformers greedy", model_name, device)

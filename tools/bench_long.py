@@ -20,35 +20,72 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+import jiwer
 import torch
 import whisper
+from whisper.normalizers import EnglishTextNormalizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import medusa_whisper  # noqa: E402
 from medusa_whisper.audio import load_audio  # noqa: E402
-from medusa_whisper.weights import heads_file  # noqa: E402
+from medusa_whisper.weights import missing_heads  # noqa: E402
 
 SEGMENT_KEYS = ("seek", "start", "end", "text", "tokens")
+normalise = EnglishTextNormalizer()
 
 
-def systems(model_name: str) -> List[Dict]:
-    rows = [dict(name="openai-whisper transcribe", model=model_name, vanilla=True),
-            dict(name="medusa_whisper off", model=model_name, mode="off")]
-    for suffix in ("-medusa", "-medusa-block"):
-        if heads_file(model_name + suffix).is_file():
-            rows.append(dict(name=f"{model_name}{suffix} lossless", model=model_name + suffix, mode="lossless"))
+# decoding options of the draft heads, as make bench runs them (tools/bench.py)
+HEAD_OPTIONS = {"-medusa": {}, "-medusa-block": {}, "-eagle": dict(draft_tokens=2), "-ctc": {}}
+INT8_OPTIONS = {"-medusa": dict(tree_width=3, tree_nodes=10), "-eagle": dict(draft_tokens=2), "-ctc": {},
+                "-ctc+eagle": dict(draft_tokens=2)}
+
+
+def systems(model_name: str, compute_types: Sequence[str] = ("float32", "int8")) -> List[Dict]:
+    """whisper.transcribe, then per compute type our plain decoder and every shipped head.
+
+    A row's ``reference`` is the row whose segments it must equal: whisper's for float32 (lossless
+    is whisper's greedy output), our plain decoder at the same compute type otherwise.
+    """
+    rows = [dict(name="openai-whisper transcribe", model=model_name, vanilla=True, compute_type="float32")]
+    for compute_type in compute_types:
+        tag = "" if compute_type == "float32" else f" {compute_type}"
+        off = dict(name=f"medusa_whisper off{tag}", model=model_name, mode="off", compute_type=compute_type)
+        off["reference"] = rows[0]["name"] if compute_type == "float32" else off["name"]
+        rows.append(off)
+        for suffix, options in (HEAD_OPTIONS if compute_type == "float32" else INT8_OPTIONS).items():
+            if not missing_heads(model_name + suffix):
+                described = ",".join(f"{k}={v}" for k, v in options.items())
+                rows.append(dict(name=f"{model_name}{suffix} lossless{tag}" + (f" ({described})" if described else ""),
+                                 model=model_name + suffix, mode="lossless", options=options,
+                                 compute_type=compute_type, reference=off["reference"]))
     return rows
 
 
 def run_once(system: Dict, models: Dict, audio_path: Path) -> Dict:
-    model = models[system["model"]]
+    model = models[system["model"], system["compute_type"]]
     torch.manual_seed(0)
     began = time.perf_counter()
     if system.get("vanilla"):
         result = whisper.transcribe(model, load_audio(audio_path), fp16=False, language="en")
     else:
-        result = model.transcribe(audio_path, mode=system["mode"], language="en")
+        result = model.transcribe(audio_path, mode=system["mode"], language="en", **system.get("options", {}))
     return dict(seconds=time.perf_counter() - began, result=result)
+
+
+def run_faster_whisper(model_name: str, compute_type: str, audio_path: Path, threads: int) -> Dict:
+    """faster-whisper's transcribe with whisper.transcribe's defaults as far as it has them: greedy
+    with temperature fallback, the previous text as prompt, timestamps, no VAD."""
+    from faster_whisper import WhisperModel
+
+    from medusa_whisper import weights
+
+    fw = WhisperModel(str(weights.ctranslate2_dir(model_name)), device="cpu", compute_type=compute_type,
+                      cpu_threads=threads)
+    audio = load_audio(audio_path)
+    list(fw.transcribe(audio[: 16000 * 30], language="en", beam_size=1, best_of=1, vad_filter=False)[0])  # warm-up
+    began = time.perf_counter()
+    segments = list(fw.transcribe(audio, language="en", beam_size=1, best_of=1, vad_filter=False)[0])
+    return dict(seconds=time.perf_counter() - began, segments=segments, text="".join(s.text for s in segments))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -57,24 +94,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--model", default="tiny.en")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--faster-whisper", default="int8,float32", metavar="TYPES",
+                        help="faster-whisper compute types to run after every other row, once (empty: none)")
+    parser.add_argument("--compute-types", default="float32,int8", help="comma-separated (default float32,int8)")
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    rows = systems(args.model)
+    rows = systems(args.model, args.compute_types.split(","))
     models = {}
     for row in rows:
-        if row["model"] not in models:
-            models[row["model"]] = medusa_whisper.load_model(row["model"], device="cpu")
+        key = row["model"], row["compute_type"]
+        if key not in models:
+            models[key] = medusa_whisper.load_model(row["model"], device="cpu", compute_type=row["compute_type"])
     duration = len(load_audio(args.audio)) / 16000
     # warm-up: 30 s of the file through each system
     for row in rows:
-        model = models[row["model"]]
+        model = models[row["model"], row["compute_type"]]
         clip = load_audio(args.audio)[: 16000 * 30]
         if row.get("vanilla"):
             whisper.transcribe(model, clip, fp16=False, language="en")
         else:
-            model.transcribe(clip, mode=row["mode"], language="en")
+            model.transcribe(clip, mode=row["mode"], language="en", **row.get("options", {}))
 
     began = time.time()
     times: Dict[str, List[float]] = {row["name"]: [] for row in rows}
@@ -86,30 +127,59 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             results[row["name"]] = run["result"]
             print(f"round {round_index + 1}: {row['name']}: {run['seconds']:.1f} s", file=sys.stderr, flush=True)
 
-    reference = results[rows[0]["name"]]
-    reference_segments = [{k: s[k] for k in SEGMENT_KEYS} for s in reference["segments"]]
+    # the file's transcript, when tools/make_long_audio.py wrote one beside it: WER per row
+    transcript = args.audio.with_suffix(".txt")
+    reference = normalise(transcript.read_text()) if transcript.is_file() else None
+
+    def segments(name: str) -> List[Dict]:
+        return [{k: s[k] for k in SEGMENT_KEYS} for s in results[name]["segments"]]
+
+    # faster-whisper last: once CTranslate2 has run in a process, PyTorch in it is slower (see
+    # bench_systems.isolated_faster_whisper_system), so no PyTorch row may come after it
+    fw_rows = []
+    for compute_type in filter(None, args.faster_whisper.split(",")):
+        try:
+            run = run_faster_whisper(args.model, compute_type, args.audio, args.threads)
+        except ImportError:
+            print("faster-whisper is not installed (make bench-setup installs it): its rows are skipped",
+                  file=sys.stderr)
+            break
+        fw_rows.append(dict(system=f"faster-whisper {compute_type}", seconds=run["seconds"],
+                            speedup=statistics.median(times[rows[0]["name"]]) / run["seconds"], tokens_per_step=1.0,
+                            windows=None, fallback_windows=None, same_segments=None, segments=len(run["segments"]),
+                            reference=None, wer=None if reference is None else jiwer.wer(reference, normalise(run["text"])),
+                            draft_seconds=None))
+        print(f"faster-whisper {compute_type}: {run['seconds']:.1f} s", file=sys.stderr, flush=True)
+
     base_time = statistics.median(times[rows[0]["name"]])
     table = []
     for row in rows:
         result = results[row["name"]]
         stats = result.get("medusa", {})
         seconds = statistics.median(times[row["name"]])
-        same = [{k: s[k] for k in SEGMENT_KEYS} for s in result["segments"]] == reference_segments
+        same_as = row.get("reference", rows[0]["name"])
+        same = segments(row["name"]) == segments(same_as)
         table.append(dict(system=row["name"], seconds=seconds, speedup=base_time / seconds,
                           tokens_per_step=stats.get("tokens_per_step", 1.0), windows=stats.get("windows"),
                           fallback_windows=stats.get("fallback_windows"), same_segments=same,
-                          segments=len(result["segments"])))
+                          segments=len(result["segments"]), reference=same_as,
+                          wer=None if reference is None else jiwer.wer(reference, normalise(result["text"])),
+                          draft_seconds=stats.get("draft_seconds")))
 
+    table += fw_rows
     header = (f"`{args.audio.name}`, {duration / 60:.1f} min; model `{args.model}` on cpu, {args.threads} threads; "
               f"whisper.transcribe's default options (fallback on, timestamps on); median of {args.rounds} "
               f"round(s); {platform.processor() or platform.machine()}; torch {torch.__version__}; "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))}, {time.time() - began:.0f} s.")
     lines = [header, "", "| system | seconds | speedup vs whisper.transcribe | tokens/step | windows | fallback windows "
-             "| segments | same segments as whisper |", "|---|---|---|---|---|---|---|---|"]
+             "| segments | WER | same segments as greedy at its compute type |", "|---|---|---|---|---|---|---|---|---|"]
     for r in table:
+        wer = "-" if r["wer"] is None else f"{100 * r['wer']:.2f} %"
+        same = "-" if r["same_segments"] is None else f"{'yes' if r['same_segments'] else 'no'} ({r['reference']})"
         lines.append(f"| {r['system']} | {r['seconds']:.1f} | {r['speedup']:.2f}x | {r['tokens_per_step']:.2f} | "
                      f"{r['windows'] or '-'} | {r['fallback_windows'] if r['fallback_windows'] is not None else '-'} | "
-                     f"{r['segments']} | {'yes' if r['same_segments'] else 'no'} |")
+                     f"{r['segments']} | {wer} | "
+                     f"{same} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_name(args.out.name + ".md").write_text("\n".join(lines) + "\n")
     args.out.with_name(args.out.name + ".json").write_text(json.dumps(dict(header=header, rows=table), indent=2))

@@ -7,7 +7,8 @@
 - encoder: one 30-s window (log-Mel in, audio features out), and the relative error of its output
   against float32's (max |a - b| / max |a|, and the mean of |a - b| / mean |a|).
 - Every measurement is interleaved across compute types (A, B, C, A, B, C ...) so that a busy
-  stretch of a shared machine hits each alike; the minimum and median over repetitions are given,
+  stretch of a shared machine hits each alike (``--consecutive``: A, A, ..., B, B, ..., as a decoding
+  loop runs one model's passes back to back, its weights warm in the CPU's caches); the minimum and median over repetitions are given,
   with the load average, because on a shared machine the median moves with everyone else's work.
 """
 
@@ -34,16 +35,21 @@ AUDIO = Path(__file__).resolve().parent.parent / "tests" / "data" / "real" / "jf
 CLOCK = time.perf_counter
 
 
+CONSECUTIVE = False  # --consecutive: each function's repetitions in a row, as a decoding loop runs them
+
+
 def interleaved(fns: dict, reps: int) -> dict:
-    """{name: (min ms, median ms)} with every function run once per repetition, in turn."""
+    """{name: (min ms, median ms)} with every function run once per repetition, in turn (or, with
+    CONSECUTIVE, all of one function's repetitions before the next function's)."""
     for fn in fns.values():
         fn()
     times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            began = CLOCK()
-            fn()
-            times[name].append((CLOCK() - began) * 1e3)
+    order = ([(name, fn) for name, fn in fns.items() for _ in range(reps)] if CONSECUTIVE
+             else [(name, fn) for _ in range(reps) for name, fn in fns.items()])
+    for name, fn in order:
+        began = CLOCK()
+        fn()
+        times[name].append((CLOCK() - began) * 1e3)
     return {name: (round(min(t), 2), round(statistics.median(t), 2)) for name, t in times.items()}
 
 
@@ -71,10 +77,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30, help="repetitions of each decoder pass")
     parser.add_argument("--encoder-reps", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    parser.add_argument("--consecutive", action="store_true",
+                        help="time each type's repetitions in a row (its weights stay in the CPU's caches, as "
+                             "in a decoding loop) instead of interleaving the types (each pass starts cold)")
     parser.add_argument("--cpu-clock", action="store_true",
                         help="time with the process's CPU clock instead of the wall clock (a busy shared machine)")
     args = parser.parse_args()
-    global CLOCK
+    global CLOCK, CONSECUTIVE
+    CONSECUTIVE = args.consecutive
     if args.cpu_clock:
         CLOCK = time.process_time
     torch.set_num_threads(args.threads)

@@ -6,7 +6,10 @@ output and interleaved clip by clip, with whisper.decode greedy and with each sy
 model name with optional decoding options after a colon:
 
     python tools/drafters_report.py --systems base:off base-medusa base-medusa:tree_width=3,tree_nodes=10 \\
-        base-eagle base-eagle:tree_width=3,draft_tokens=6 --clips 40 --out bench_out/drafters_base
+        base-eagle base-eagle:tree_width=3,draft_tokens=6 base-ctc@int8 --clips 40 --out bench_out/drafters_base
+
+``NAME@TYPE`` loads the model at that compute type (int8, bfloat16); every system decodes the float32
+encoder's output, so only the decoders differ.
 
 All systems must share one base model (their heads differ). Reports, per system: tokens per decoder
 pass, the share of passes whose depth-d candidate was accepted, identical output to whisper.decode,
@@ -32,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import medusa_whisper  # noqa: E402
 from medusa_whisper.audio import load_audio  # noqa: E402
+from medusa_whisper.weights import split_medusa_name  # noqa: E402
 
 
 def parse_system(text: str) -> Tuple[str, Dict]:
@@ -62,8 +66,15 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     systems = [parse_system(s) for s in args.systems]
-    models = {name: medusa_whisper.load_model(name, device="cpu") for name, _ in systems}
-    base = next(iter(models.values()))
+    models = {name: medusa_whisper.load_model(name.partition("@")[0], device="cpu",
+                                              compute_type=name.partition("@")[2] or "float32")
+              for name, _ in systems}
+    # whisper.decode and the encoder run on a float32 model (a system's, or the plain base model), so
+    # that a report of int8 systems alone still compares them with float32 whisper.decode
+    base = next((models[name] for name, _ in systems if name.partition("@")[2] in ("", "float32")), None)
+    if base is None:
+        first = systems[0][0].partition("@")[0]
+        base = medusa_whisper.load_model(split_medusa_name(first) or first, device="cpu")
     records = _real_records(args.real, args.clips)
     common = dict(language="en", fp16=False, without_timestamps=not args.timestamps)
     totals = {text: dict(tokens=0, steps=0, same=0, seconds=0.0, draft=0.0, proposed=0, accepted=[])

@@ -124,7 +124,7 @@ class CtcHead(DraftHead):
         audio_features : shape = (batch, n_audio_ctx, n_audio_state), any float dtype
         returns        : shape = (batch, n_audio_ctx // stride, n_units + 1), float32
         """
-        x = self.ln_in(audio_features.to(self.out.weight.dtype))
+        x = self.ln_in(audio_features.to(self.ln_in.weight.dtype))  # LayerNorms keep float32 at every compute type
         x = self.pool(x.transpose(1, 2)).transpose(1, 2)  # (B, T / stride, W)
         x = F.gelu(x)
         for block in self.blocks:

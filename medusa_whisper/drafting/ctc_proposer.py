@@ -26,7 +26,7 @@ not the rest of the window.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from torch import Tensor
@@ -35,6 +35,7 @@ from whisper.tokenizer import Tokenizer, get_tokenizer
 from .base import Committed, Proposer
 from .ctc import CtcDraft
 from .tree import CandidateTree
+from ..compute import compute_type_of
 
 TIMESTAMP_SECONDS = 0.02  # whisper's timestamp tokens are 20 ms apart
 SENTENCE_ENDS = ".?!"
@@ -47,11 +48,12 @@ class DraftSettings:
 
     max_chunk: int = 16  # most draft tokens per pass
     fixed_chunk: int = 0  # > 0: always this many tokens per pass (else chosen per pass)
-    # relative cost of one decoder pass over n rows: base, 2 threads, this project's 2-core CPU at load
-    # 1 (a single row 13.7 ms; two rows pay a second 3.9-ms vocabulary product, as PyTorch runs a
-    # 2- or 3-row product row by row; tools in the head file's record)
+    # relative cost of one decoder pass over n rows after a cache of 60 tokens, float32: base, 2
+    # threads, this project's 2-core CPU (a single row 7.1 ms); a head file stores its own model's
     cost_rows: Tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    row_costs: Tuple[float, ...] = (1.0, 1.61, 1.69, 1.83, 2.24, 3.05)
+    row_costs: Tuple[float, ...] = (1.0, 1.1, 1.39, 2.43, 3.7, 5.36)
+    # the same at int8, where extra rows cost much less (base: a single row 5.1 ms); empty: row_costs
+    int8_row_costs: Tuple[float, ...] = (1.0, 1.03, 1.13, 1.49, 1.91, 2.78)
     prior_acceptance: float = 0.8  # per-token acceptance at a window's start
     acceptance_memory: float = 0.1  # weight of each new verdict in the running estimate
     # "aligned": draft segment-end timestamps from the CTC frames; "repeat": only the start of the
@@ -66,6 +68,13 @@ class DraftSettings:
     # (its own spelling, from the last pass's rows), as a second branch beside the draft
     jacobi: bool = True
 
+    def for_model(self, model) -> "DraftSettings":
+        """These settings with the pass costs of the compute type ``model`` runs at: the chunk length
+        is chosen from what a pass costs there."""
+        if compute_type_of(model) == "int8" and self.int8_row_costs:
+            return replace(self, row_costs=self.int8_row_costs)
+        return self
+
     @classmethod
     def from_dict(cls, values: Optional[dict]) -> "DraftSettings":
         values = dict(values or {})
@@ -73,7 +82,7 @@ class DraftSettings:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown CTC decoding settings {unknown}")
-        for key in ("cost_rows", "row_costs"):
+        for key in ("cost_rows", "row_costs", "int8_row_costs"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
@@ -181,7 +190,7 @@ class CtcProposer(Proposer):
         seconds = time.perf_counter() - began
         tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages,
                                   language=options.language or "en", task=options.task or "transcribe")
-        settings = DraftSettings.from_dict(head.config.decoding)
+        settings = DraftSettings.from_dict(head.config.decoding).for_model(model)
         return cls(draft, tokenizer, settings, timestamps=not options.without_timestamps,
                    lossy_entropy=getattr(options, "lossy_ctc_entropy", None), setup_seconds=seconds)
 
@@ -198,10 +207,16 @@ class CtcProposer(Proposer):
         draft = self.plan[: self.proposed]
         on_draft = accepted == draft[:k]  # (where the branches share a prefix, the draft's is taken)
         branch_tokens, branch_nodes = (draft, self.draft_nodes) if on_draft else self.jacobi_branch
-        self._count_accepted(accepted, k < len(branch_tokens))
+        # how far the accepted path follows this proposer's branch: all of it when this proposer
+        # drafted alone; less when another proposer's candidates (drafting.union) were accepted
+        matched = 0
+        while matched < min(k, len(branch_tokens)) and accepted[matched] == branch_tokens[matched]:
+            matched += 1
+        self._count_accepted(matched, matched < len(branch_tokens))
+        self.counts["timestamps_accepted"] += sum(t >= self.tokenizer.timestamp_begin for t in accepted)
         # what the verifier said after each rejected node: a guess of what follows its own token
-        self.jacobi = ([committed.predictions[1 + node] for node in branch_nodes[k:]]
-                       if self.settings.jacobi and committed.predictions and k < len(branch_tokens) else [])
+        self.jacobi = ([committed.predictions[1 + node] for node in branch_nodes[matched:]]
+                       if self.settings.jacobi and committed.predictions and matched < len(branch_tokens) else [])
         self.stream += accepted
         if k and on_draft:
             self.anchor_d, self.anchor_c = self.plan_d[k - 1], len(self._committed_text())
@@ -226,11 +241,11 @@ class CtcProposer(Proposer):
             i += 1
         return tokens[i:]
 
-    def _count_accepted(self, accepted: List[int], refused: bool) -> None:
-        outcomes = [1.0] * len(accepted) + ([0.0] if refused else [])
+    def _count_accepted(self, accepted: int, refused: bool) -> None:
+        """Update the running acceptance estimate: ``accepted`` drafted tokens kept, then one refused."""
+        outcomes = [1.0] * accepted + ([0.0] if refused else [])
         for outcome in outcomes:
             self.acceptance += self.settings.acceptance_memory * (outcome - self.acceptance)
-        self.counts["timestamps_accepted"] += sum(t >= self.tokenizer.timestamp_begin for t in accepted)
 
     def _committed_text(self) -> str:
         return self.tokenizer.decode([t for t in self.stream if t < self.tokenizer.eot])

@@ -22,6 +22,7 @@ from .base import Proposer
 KINDS: Dict[str, str] = {
     "eagle": "medusa_whisper.drafting.eagle",
     "ctc": "medusa_whisper.drafting.ctc",
+    "union": "medusa_whisper.drafting.union",
 }
 
 

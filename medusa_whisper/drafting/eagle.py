@@ -26,8 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from whisper.model import ModelDimensions, ResidualAttentionBlock
 
-from ..decoder import block_forward, chain_mask, rows_logits
-from ..kv_cache import CrossKV, StaticKVCache
+from ..decoder import block_caches, block_forward, chain_mask, rows_logits, self_attention_mask
 from .base import Committed, Proposer
 from .draft_head import DraftHead
 from .tree import CandidateTree, top_nodes
@@ -118,22 +117,24 @@ class EagleProposer(Proposer):
         super().__init__()
         self.head, self.decoder = head, decoder
         self.depth, self.width, self.max_nodes = depth, width, max_nodes
-        n_ctx, n_state = decoder.positional_embedding.shape
-        self.n_ctx = n_ctx
-        self.cache = StaticKVCache(1, 1, n_ctx, n_state, audio_features.dtype, audio_features.device)
-        self.cross = CrossKV([head.block], audio_features)
+        n_ctx = self.n_ctx = decoder.positional_embedding.shape[0]
+        # the head runs in float32 even when whisper's fp16 option put the main model in half
+        # precision on a CPU (whisper.decode's default): its plain nn.Linear does not cast as whisper's does
+        audio_features = audio_features.float()
+        self.cache, self.cross = block_caches([head.block], n_ctx, audio_features)
         self.device = audio_features.device
         self.committed = 0  # draft cache slots that hold committed tokens
         self.next_feature: Optional[Tensor] = None  # (n_state,) drafted feature after the committed tokens
 
     def _block(self, x: Tensor, start: int, mask: Optional[Tensor]) -> Tensor:
+        mask = self_attention_mask(self.head.block.attn, mask, start, x.shape[1], self.cache)
         out = block_forward(self.head.block, x, self.cache, 0, start, self.cross.keys[0], self.cross.values[0], mask)
         self.cache.rollback(start + x.shape[1])  # the owner sets the length: the new slots count
         return self.head.ln(out)
 
     def _commit(self, committed: Committed) -> None:
         # rows for every committed token: [f_i ; token i+1], the last one with the main's next token
-        hidden = committed.hidden
+        hidden = committed.hidden.float()
         n = hidden.shape[1]
         start = committed.position
         self.cache.rollback(start)  # drop what was drafted after the previous commit

@@ -15,9 +15,8 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..decoder import block_forward, chain_mask, rows_logits
+from ..decoder import block_caches, block_forward, chain_mask, rows_logits, self_attention_mask
 from ..heads import MedusaHeads
-from ..kv_cache import CrossKV, StaticKVCache
 from .base import Committed, Proposer
 from .tree import CandidateTree, best_first
 
@@ -31,9 +30,8 @@ class MedusaProposer(Proposer):
         self.head_input: Optional[Tensor] = None  # (1, n_state) at the last committed token
         self.block_cache = self.block_cross = None
         if heads.block is not None:
-            n_ctx, n_state = decoder.positional_embedding.shape
-            self.block_cache = StaticKVCache(1, 1, n_ctx, n_state, audio_features.dtype, audio_features.device)
-            self.block_cross = CrossKV([heads.block], audio_features)
+            n_ctx = decoder.positional_embedding.shape[0]
+            self.block_cache, self.block_cross = block_caches([heads.block], n_ctx, audio_features)
 
     def _commit(self, committed: Committed) -> None:
         hidden = committed.hidden
@@ -41,8 +39,10 @@ class MedusaProposer(Proposer):
             # the block must see every committed token, so that its cache stays complete
             start, n = committed.position, hidden.shape[1]
             self.block_cache.rollback(start)
+            mask = self_attention_mask(self.heads.block.attn, chain_mask(start, n, hidden.device), start, n,
+                                       self.block_cache)
             hidden = block_forward(self.heads.block, hidden, self.block_cache, 0, start, self.block_cross.keys[0],
-                                   self.block_cross.values[0], chain_mask(start, n, hidden.device))
+                                   self.block_cross.values[0], mask)
             self.block_cache.rollback(start + n)
         self.head_input = hidden[:, -1]
 

@@ -77,6 +77,8 @@ def add_parser(commands, positive_int, language) -> None:
                      help="build (or extend) the cache of the base model's states and stop: another run, or "
                           "another head type, trains on it later with the same --cache-dir")
     run.add_argument("--no-resume", action="store_true", help="start over even if a checkpoint exists")
+    run.add_argument("--keep-last", action="store_true",
+                     help="eagle, ctc: end with the last step's weights (default: the best held-out score's)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--device", choices=("cpu", "cuda"), default=None)
     run.add_argument("--threads", type=positive_int, default=None)
@@ -154,7 +156,7 @@ def _record(args, cfg, state, work: Path, summary: dict, times: dict, plot, titl
 
     times["train_seconds"] = round(state.seconds, 1)
     (work / "history.json").write_text(json.dumps(state.history, indent=1))
-    if plot(state.history, work / "training.png", title=title) is None:
+    if plot(state.history, work / "training.png", title=title, best_step=state.best.get("step")) is None:
         print(f"no loss plot: matplotlib is not installed (pip install matplotlib); the curve is in {work / 'history.json'}",
               file=sys.stderr)
     return dict(
@@ -162,7 +164,8 @@ def _record(args, cfg, state, work: Path, summary: dict, times: dict, plot, titl
         data=[str(p) for p in args.data] + [str(p) for p in args.audio_dir],
         heldout=str(args.heldout) if args.heldout else None, cache=summary, steps=state.step,
         threads=torch.get_num_threads(), **times,
-        final=state.history[-1] if state.history else None, command="medusa-whisper " + " ".join(sys.argv[1:]),
+        final=state.history[-1] if state.history else None, best=state.best or None,
+        command="medusa-whisper " + " ".join(sys.argv[1:]),
     )
 
 
@@ -181,7 +184,7 @@ def _train_eagle(args, base, cache: Path, train_windows, summary: dict, times: d
     cfg = eagle.EagleTrainConfig(
         shortlist=args.proposal_vocab or 8192, epochs=args.epochs, batch_windows=args.batch_windows, lr=args.lr,
         feature_weight=args.feature_weight, rollout_prob=args.rollout_prob, seed=args.seed,
-        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every)
+        eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, keep_best=not args.keep_last)
     work = args.work_dir or args.out.with_suffix(".work")
     n_shards = -(-len(train_windows) // features.SHARD_WINDOWS)
     train_shard = features.load_cache(cache / "train", max_shards=n_shards)

@@ -20,7 +20,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -36,7 +36,10 @@ from ..drafting.ctc_lexicon import edit_distance
 from ..drafting.ctc_proposer import CtcProposer, DraftSettings
 from ..drafting.replay import replay, summarize
 from ..weights import safe_torch_load
+from .best import BestWeights
 from .features import Shard
+from .plots import mark_best
+from .trainer import TrainState
 
 
 @dataclass
@@ -63,6 +66,7 @@ class CtcTrainConfig:
     eval_every: int = 100
     checkpoint_every: int = 100
     max_eval_windows: int = 64  # held-out windows scored at each evaluation
+    keep_best: bool = True  # end with the weights of the best held-out tokens per pass (training/best.py)
     # the head's matrix products in bfloat16 while training (the loss in float32): about 1.8x faster
     # on a CPU with AVX-512 BF16; evaluation and decoding stay float32
     bf16: bool = True
@@ -172,13 +176,6 @@ def evaluate(head: CtcHead, shard: Shard, labels: Labels, tokenizer: Tokenizer, 
 
 # -- the loop --------------------------------------------------------------------------------------------
 
-@dataclass
-class TrainState:
-    step: int = 0
-    history: List[Dict] = field(default_factory=list)
-    seconds: float = 0.0
-
-
 def _lr_factor(step: int, total: int, warmup: int) -> float:
     if step < warmup:
         return (step + 1) / warmup
@@ -224,6 +221,7 @@ def train(model, train_shard: Shard, heldout_shard: Optional[Shard], cfg: CtcTra
         optimizer.load_state_dict(saved["optimizer"])
         state = TrainState(**saved["state"])
         log(f"resuming at step {state.step} of {total_steps}")
+    best = BestWeights(work_dir, "tokens_per_pass", fresh=state.step == 0)
 
     stop = total_steps if max_steps is None else min(total_steps, max_steps)
     bar = tqdm(total=stop, initial=state.step, desc=f"train ctc {cfg.block}x{cfg.layers} units {cfg.n_units}",
@@ -258,6 +256,8 @@ def train(model, train_shard: Shard, heldout_shard: Optional[Shard], cfg: CtcTra
             if heldout_shard is not None:
                 record["heldout"] = evaluate(head, heldout_shard, heldout_labels, tokenizer, settings,
                                              cfg.max_eval_windows)
+                if cfg.keep_best:
+                    best.offer(head, state.step, record["heldout"])
             state.history.append(record)
             tqdm.write(json.dumps(record))
         if state.step % cfg.checkpoint_every == 0 or last:
@@ -265,6 +265,8 @@ def train(model, train_shard: Shard, heldout_shard: Optional[Shard], cfg: CtcTra
             _save_checkpoint(checkpoint, head, optimizer, state, saved_config)
     bar.close()
     state.seconds = time.perf_counter() - began
+    if cfg.keep_best:  # (after the last checkpoint: a resumed run goes on from the last weights)
+        state.best = best.restore(head) or {}
     head.eval()
     return head, state
 
@@ -277,7 +279,7 @@ def _save_checkpoint(path: Path, head: CtcHead, optimizer, state: TrainState, co
 
 # -- the curve ---------------------------------------------------------------------------------------------
 
-def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[Path]:
+def plot_history(history: List[Dict], path: Path, title: str = "", best_step: Optional[int] = None) -> Optional[Path]:
     """Loss (train, held-out) and the held-out token error rate and tokens per pass; None without matplotlib."""
     try:
         import matplotlib
@@ -309,6 +311,7 @@ def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[P
     left.set_ylabel("CTC loss per unit")
     left.legend()
     right.set_xlabel("step")
+    mark_best(best_step, left, right)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -39,7 +39,7 @@ def _config(args: argparse.Namespace):
                  stride=args.ctc_stride, dropout=args.ctc_dropout, time_masks=args.ctc_time_masks)
     return CtcTrainConfig(**{k: v for k, v in given.items() if v is not None}, epochs=args.epochs,
                           batch_windows=args.batch_windows, lr=args.lr, seed=args.seed, eval_every=args.eval_every,
-                          checkpoint_every=args.checkpoint_every)
+                          checkpoint_every=args.checkpoint_every, keep_best=not args.keep_last)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -107,12 +107,12 @@ def run_train(args: argparse.Namespace) -> int:
                             max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr))
     (work / "history.json").write_text(json.dumps(state.history, indent=1))
     title = f"{args.base} CTC head ({cfg.block} x{cfg.layers}, width {cfg.width}, {cfg.n_units} units)"
-    if ctc.plot_history(state.history, work / "training.png", title=title) is None:
+    if ctc.plot_history(state.history, work / "training.png", title=title, best_step=state.best.get("step")) is None:
         print(f"no loss plot: matplotlib is not installed; the curve is in {work / 'history.json'}", file=sys.stderr)
     record = dict(base_model=args.base, train_config=asdict(cfg), labels="self", cache=summary,
                   steps=state.step, threads=torch.get_num_threads(), device="cpu",
                   cache_seconds=cache_seconds, train_seconds=round(state.seconds, 1),
-                  final=state.history[-1] if state.history else None,
+                  final=state.history[-1] if state.history else None, best=state.best or None,
                   command="medusa-whisper " + " ".join(sys.argv[1:]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(draft_head_file(head, args.base, record), args.out)

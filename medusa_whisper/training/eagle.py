@@ -39,6 +39,7 @@ from ..drafting.eagle import EagleConfig, EagleHead, EagleProposer
 from ..drafting.tree import CandidateTree
 from ..weights import safe_torch_load
 from .features import Shard
+from .best import BestWeights
 from .trainer import TrainState, _lr_factor
 
 IGNORE = -100
@@ -59,6 +60,7 @@ class EagleTrainConfig:
     seed: int = 0
     eval_every: int = 100
     checkpoint_every: int = 100
+    keep_best: bool = True  # end with the weights of the best held-out tokens per step (training/best.py)
 
 
 def token_frequencies(shard: Shard, n_vocab: int) -> Tensor:
@@ -278,6 +280,7 @@ def train(model, train_shard: Shard, heldout: Optional[Shard], cfg: EagleTrainCo
         optimizer.load_state_dict(saved["optimizer"])
         state = TrainState(**saved["state"])
         log(f"resuming at step {state.step} of {total_steps}")
+    best = BestWeights(work_dir, "tokens_per_step", fresh=state.step == 0)
 
     columns = torch.full((model.dims.n_vocab,), IGNORE, dtype=torch.long)
     columns[head.token_ids] = torch.arange(len(head.token_ids))
@@ -310,6 +313,8 @@ def train(model, train_shard: Shard, heldout: Optional[Shard], cfg: EagleTrainCo
             running = []
             if heldout is not None:
                 record["heldout"] = evaluate(head, decoder, heldout, columns, cfg, scale)
+                if cfg.keep_best:
+                    best.offer(head, state.step, record["heldout"])
             state.history.append(record)
             tqdm.write(json.dumps(record))
         if state.step % cfg.checkpoint_every == 0 or last:
@@ -320,4 +325,6 @@ def train(model, train_shard: Shard, heldout: Optional[Shard], cfg: EagleTrainCo
             os.replace(tmp, checkpoint)
     bar.close()
     state.seconds = time.perf_counter() - began
+    if cfg.keep_best:  # (after the last checkpoint: a resumed run goes on from the last weights)
+        state.best = best.restore(head) or {}
     return head, state

@@ -18,7 +18,7 @@ def _pyplot():
     return plt
 
 
-def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[Path]:
+def plot_history(history: List[Dict], path: Path, title: str = "", best_step: Optional[int] = None) -> Optional[Path]:
     """Write the plot; returns None (and writes nothing) when matplotlib is not installed."""
     plt = _pyplot()
     if plt is None or not history:
@@ -40,6 +40,7 @@ def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[P
     right.set_ylim(0, 1)
     if scored:
         right.legend(fontsize=7, ncol=2)
+    mark_best(best_step, left, right)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -47,9 +48,9 @@ def plot_history(history: List[Dict], path: Path, title: str = "") -> Optional[P
     return Path(path)
 
 
-def plot_eagle_history(history: List[Dict], path: Path, title: str = "") -> Optional[Path]:
+def plot_eagle_history(history: List[Dict], path: Path, title: str = "", best_step: Optional[int] = None) -> Optional[Path]:
     """The EAGLE head's curves: train and held-out loss; held-out first-token accuracy and the
-    replayed tokens per decoder step."""
+    replayed tokens per decoder step; a dotted line at the step whose weights were kept."""
     plt = _pyplot()
     if plt is None or not history:
         return None
@@ -71,8 +72,19 @@ def plot_eagle_history(history: List[Dict], path: Path, title: str = "") -> Opti
     right.set_xlabel("step")
     right.set_ylabel("accuracy")
     right.set_ylim(0, 1)
+    mark_best(best_step, left, right)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def mark_best(step: Optional[int], *axes) -> None:
+    """A dotted vertical line at the step whose weights a draft head ends with (training/best.py)."""
+    if step is None:
+        return
+    for ax in axes:
+        ax.axvline(step, color="grey", linestyle=":", linewidth=1)
+    axes[-1].annotate(f"kept: step {step}", xy=(step, 0.02), xycoords=("data", "axes fraction"), fontsize=8,
+                      color="grey", ha="left")

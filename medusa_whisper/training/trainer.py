@@ -289,6 +289,7 @@ class TrainState:
     step: int = 0
     history: List[Dict] = field(default_factory=list)
     seconds: float = 0.0
+    best: Dict = field(default_factory=dict)  # the held-out best whose weights a draft head ends with
 
 
 def _prepare(cfg: TrainConfig, shard: Shard):

@@ -1,0 +1,117 @@
+"""The int8 decoder's attention: a row's numbers do not depend on its company, and they are attention's."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import medusa_whisper
+from medusa_whisper.compute import apply_compute_type, cpu_has_bfloat16
+from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.invariant_attention import (INVARIANT_DTYPE, MAX_ROWS, every_slot_mask, invariant_attention,
+                                                rows_are_invariant)
+
+needs_bfloat16 = pytest.mark.skipif(not cpu_has_bfloat16(), reason="no native bfloat16 products on this CPU")
+
+
+def test_it_is_attention():
+    """Against float32 SDPA over exactly the visible keys, to bfloat16's precision, masks and all."""
+    torch.manual_seed(0)
+    n_head, d_head, n_key, n = 8, 64, 448, 5
+    q = torch.randn(1, n, n_head * d_head)
+    k, v = torch.randn(1, n_head, n_key, d_head), torch.randn(1, n_head, n_key, d_head)
+    start = 40
+    allowed = every_slot_mask(chain_mask(start, n, "cpu"), start, n, n_key)
+    assert allowed.shape == (n, n_key) and allowed.sum(1).tolist() == [41, 42, 43, 44, 45]
+    ours = invariant_attention(q, k.to(INVARIANT_DTYPE), v.to(INVARIANT_DTYPE), n_head, allowed)
+    qh = q.view(1, n, n_head, d_head).transpose(1, 2)
+    reference = F.scaled_dot_product_attention(qh, k, v, attn_mask=allowed).transpose(1, 2).reshape(1, n, -1)
+    assert (ours - reference).abs().max() < 0.05 * reference.abs().max()
+    # a single query over the cross-attention keys (no mask), and one row given as a 1-row mask
+    one = invariant_attention(q[:, :1], k.to(INVARIANT_DTYPE), v.to(INVARIANT_DTYPE), n_head, None)
+    ref_one = F.scaled_dot_product_attention(qh[:, :, :1], k, v).transpose(1, 2).reshape(1, 1, -1)
+    assert (one - ref_one).abs().max() < 0.05 * ref_one.abs().max()
+    single = every_slot_mask(None, 9, 1, n_key)
+    assert single.sum().item() == 10 and bool(single[0, :10].all())
+
+
+def test_more_rows_than_one_product_are_split():
+    torch.manual_seed(1)
+    n = MAX_ROWS + 3
+    q = torch.randn(1, n, 128)
+    k = torch.randn(1, 2, 300, 64).to(INVARIANT_DTYPE)
+    v = torch.randn(1, 2, 300, 64).to(INVARIANT_DTYPE)
+    whole = invariant_attention(q, k, v, 2, None)
+    assert whole.shape == (1, n, 128)
+    assert torch.equal(whole[:, MAX_ROWS:], invariant_attention(q[:, MAX_ROWS:], k, v, 2, None))
+
+
+@needs_bfloat16
+def test_the_probe_holds_on_this_cpu_and_the_int8_decoder_uses_it():
+    assert rows_are_invariant(8, 64, 448, 1500, torch.get_num_threads())
+    model = apply_compute_type(medusa_whisper.load_model("tiny.en", device="cpu"), "int8")
+    assert all(b.attn.row_invariant and b.cross_attn.row_invariant for b in model.decoder.blocks)
+    cache = new_cache(model.decoder, torch.zeros(1, 1500, model.dims.n_audio_state))
+    assert cache.self_attn.keys.dtype == INVARIANT_DTYPE and cache.cross_attn.keys[0].dtype == INVARIANT_DTYPE
+
+
+@needs_bfloat16
+def test_a_verified_row_gets_the_logits_it_gets_alone():
+    """The whole int8 decoder pass, bit for bit: rows verified together (a chain of 7, then a tree
+    whose rows see only their ancestors) against the same tokens fed one pass each."""
+    model = apply_compute_type(medusa_whisper.load_model("tiny.en", device="cpu"), "int8")
+    decoder = model.decoder
+    torch.manual_seed(2)
+    features = model.encoder(torch.randn(1, 80, 3000))
+    prompt = torch.tensor([[50257, 50362, 440, 2068, 7586]])
+    new = torch.tensor([[21831, 18045, 625, 262, 16931, 3290, 13]])
+    alone_cache = new_cache(decoder, features)
+    tokens = torch.cat([prompt, new], dim=1)
+    alone = [project(decoder, decoder_hidden(decoder, tokens[:, i:i + 1], torch.tensor([i]), alone_cache, i, None))
+             for i in range(tokens.shape[1])]
+    together_cache = new_cache(decoder, features)
+    n0 = prompt.shape[1]
+    decoder_hidden(decoder, prompt, torch.arange(n0), together_cache, 0, chain_mask(0, n0, "cpu"))
+    n = new.shape[1]
+    together = project(decoder, decoder_hidden(decoder, new, torch.arange(n0, n0 + n), together_cache, n0,
+                                               chain_mask(n0, n, "cpu")))
+    for i in range(n):
+        assert torch.equal(together[:, i], alone[n0 + i][:, 0]), f"row {i}"
+    # a tree: rows 0 and 1 are two alternatives for position n0, row 2 follows row 1
+    tree_cache = new_cache(decoder, features)
+    decoder_hidden(decoder, prompt, torch.arange(n0), tree_cache, 0, chain_mask(0, n0, "cpu"))
+    rows = torch.tensor([[999, new[0, 0].item(), new[0, 1].item()]])
+    mask = torch.zeros(3, n0 + 3, dtype=torch.bool)
+    mask[:, :n0] = True
+    mask[0, n0] = mask[1, n0 + 1] = mask[2, n0 + 1] = mask[2, n0 + 2] = True
+    tree = project(decoder, decoder_hidden(decoder, rows, torch.tensor([n0, n0, n0 + 1]), tree_cache, n0, mask))
+    assert torch.equal(tree[:, 1], alone[n0][:, 0]) and torch.equal(tree[:, 2], alone[n0 + 1][:, 0])
+
+
+def test_bfloat16_cross_keys_are_centred_so_scores_keep_their_precision():
+    """Keys with a large common part (as whisper's have) give large scores, which bfloat16 rounds
+    relative to their size; CrossKV centres keys it stores in bfloat16, which softmax does not see."""
+    from types import SimpleNamespace
+
+    from medusa_whisper.kv_cache import CrossKV
+
+    torch.manual_seed(3)
+    n_head, d_head, n_audio = 8, 64, 1500
+    n_state = n_head * d_head
+    features = torch.randn(1, n_audio, n_state)
+    key = torch.nn.Linear(n_state, n_state, bias=False)
+    value = torch.nn.Linear(n_state, n_state)
+    offset = 20 * torch.randn(n_state)  # a common part of every key
+    attn = SimpleNamespace(key=lambda x: key(x) + offset, value=value, n_head=n_head)
+    blocks = [SimpleNamespace(cross_attn=attn)]
+    with torch.no_grad():
+        exact = CrossKV(blocks, features)  # float32
+        stored = CrossKV(blocks, features, INVARIANT_DTYPE)
+        q = torch.randn(1, 2, n_state)
+        reference = F.scaled_dot_product_attention(q.view(1, 2, n_head, d_head).transpose(1, 2), exact.keys[0],
+                                                   exact.values[0]).transpose(1, 2).reshape(1, 2, n_state)
+        ours = invariant_attention(q, stored.keys[0], stored.values[0], n_head, None)
+        raw = invariant_attention(q, exact.keys[0].to(INVARIANT_DTYPE), exact.values[0].to(INVARIANT_DTYPE),
+                                  n_head, None)
+    assert torch.allclose(stored.keys[0].float().mean(dim=2), torch.zeros(1, n_head, d_head), atol=0.05)
+    error, raw_error = (ours - reference).abs().mean(), (raw - reference).abs().mean()
+    assert error < raw_error / 2, (error, raw_error)
