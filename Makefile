@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 THREADS ?= 2
 
-.PHONY: setup demo test test-quick speed bench bench-quick bench-setup bench-packages bench-long corpus speech heads clean
+.PHONY: setup demo test test-quick speed bench bench-quick bench-setup bench-packages bench-long bench-pass corpus speech heads clean
 
 setup: $(VENV)/.installed
 
@@ -49,6 +49,11 @@ bench: bench-setup
 
 bench-quick: bench-setup
 	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) --quick $(BENCH_ARGS)
+
+# One decoder pass per compute type and row count: ms, ATen ops, bytes read and the floor those bytes
+# set at the bandwidth measured here (tools/bench_pass.py). Results: bench_out/pass_<model>.json.
+bench-pass: setup
+	$(BIN)/python tools/bench_pass.py --model $(MODEL) --threads $(THREADS) --out bench_out/pass_$(MODEL).json
 
 # What the bench needs before it measures: Debian packages, the bench extra, the held-out corpus and
 # the real recordings. Packages: the speech synthesisers and texts tools/make_corpus.py asks for, and

@@ -49,6 +49,7 @@ from torch import Tensor, nn
 from whisper.model import MultiHeadAttention, ResidualAttentionBlock
 
 from .errors import MedusaWhisperError
+from .paths import atomic_path, cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -118,18 +119,38 @@ def _packed(owner, qweight: Tensor) -> Tensor:
 def _rowwise_int8_matmul(owner, x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
     """x @ (qweight * scale[:, None]).T with x quantised to int8 row by row, in exact integer arithmetic.
 
-    x : shape = (M, n_in) float32 -> (M, n_out) float32. Each row is scaled to [-127, 127] by its own
-    maximum, so a row's result is the same whichever rows it is computed with.
+    x : shape = (M, n_in) float32 -> (M, n_out) float32. Each row is scaled to the kernel's exact
+    range by its own maximum, so a row's result is the same whichever rows it is computed with.
     """
-    row_scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30) / 127.0
-    # oneDNN's u8s8 path (VNNI): activations as uint8 with zero point 128
-    q = torch.round(x / row_scale).add_(128).to(torch.uint8)
+    levels, zero_point = _activation_range()
+    row_scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30) / levels
+    # oneDNN's u8s8 path: activations as uint8 around a zero point
+    q = torch.round(x / row_scale).add_(zero_point).to(torch.uint8)
     zero_points = _ZEROS.get(qweight.shape[0])
     if zero_points is None:
         zero_points = _ZEROS[qweight.shape[0]] = torch.zeros(qweight.shape[0], dtype=torch.long)
-    y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 128, _packed(owner, qweight), scale, zero_points, None,
+    y = torch.ops.onednn.qlinear_pointwise(q, 1.0, zero_point, _packed(owner, qweight), scale, zero_points, None,
                                            1.0, 0, torch.float32, "none", [], "")
     return y.mul_(row_scale)
+
+
+@functools.lru_cache(maxsize=1)
+def _activation_range() -> Tuple[int, int]:
+    """(levels, zero point) of the uint8 activations ``_rowwise_int8_matmul`` gives oneDNN.
+
+    With VNNI (or AMX) oneDNN's u8s8 products sum exactly, and activations use the full 8 bits
+    (-127..127 around 128). Without it (AVX2 only), the kernel adds pairs of u8 x s8 products in
+    saturating 16-bit arithmetic (vpmaddubsw), so 8-bit activations overflow (measured on an AVX2
+    EPYC: 14 % relative error); 7 bits (-63..63 around 64) cannot (2 x 127 x 127 < 32,767), as in
+    PyTorch's own ``reduce_range`` for x86. Which one holds is measured here, on a worst case."""
+    n_in = 64
+    weight = torch.full((8, n_in), 127, dtype=torch.int8)
+    packed = torch.ops.onednn.qlinear_prepack(weight, None)
+    q = torch.full((1, n_in), 255, dtype=torch.uint8)  # largest activation, all of one sign
+    y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, packed, torch.ones(8), torch.zeros(8, dtype=torch.long), None,
+                                           1.0, 0, torch.float32, "none", [], "")
+    exact = float(255 * 127 * n_in)
+    return (127, 128) if bool((y == exact).all()) else (63, 64)
 
 
 _ZEROS: Dict[int, Tensor] = {}
@@ -501,16 +522,12 @@ def cache_key(sources: Dict[str, object], compute_type: str) -> str:
 
 
 def cache_path(key: str, compute_type: str) -> Path:
-    from .weights import cache_dir
-
     return cache_dir() / "compute" / f"{compute_type}-{key}.safetensors"
 
 
 def save_converted(model: nn.Module, path: Path, build_info: dict) -> None:
     """Write a converted model's tensors (safetensors, no pickle) and what rebuilds its skeleton."""
     from safetensors.torch import save_file
-
-    from .weights import _atomic_path
 
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     # tied or shared tensors would be refused by safetensors: store each storage once
@@ -529,7 +546,7 @@ def save_converted(model: nn.Module, path: Path, build_info: dict) -> None:
         state["__alignment_heads__"] = alignment.to_dense().contiguous()
     metadata = {"build": json.dumps(build_info), "aliases": json.dumps(aliases),
                 "compute_type": model.compute_type, "torch": torch.__version__}
-    with _atomic_path(path) as tmp:
+    with atomic_path(path) as tmp:
         save_file(state, str(tmp), metadata=metadata)
 
 

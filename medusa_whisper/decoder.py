@@ -23,6 +23,7 @@ from whisper.model import MultiHeadAttention, ResidualAttentionBlock, TextDecode
 from .compute import projected_rows
 from .invariant_attention import INVARIANT_DTYPE, every_slot_mask, invariant_attention, row_invariant
 from .kv_cache import CrossKV, StaticKVCache
+from .routes import WEIGHT_FIRST, WHISPER_ROUTE, route_for, weight_times_rows  # noqa: F401 (re-exported)
 
 
 _PLAIN_LINEARS = (nn.Linear, whisper.model.Linear)
@@ -102,51 +103,20 @@ def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Opti
     return linear(attn.out, _attention(q, k, v, attn.n_head, mask))
 
 
-# rows for which W @ x.T beats x @ W.T in a linear layer (below)
-FEW_ROWS = range(1, 7)
-
-
 def linear(module: nn.Module, x: Tensor) -> Tensor:
-    """``module(x)`` for a linear layer, by the faster route for one step's few rows.
+    """``module(x)`` for a linear layer, by the route measured fastest on this CPU for its rows.
 
     Departs from whisper's ``F.linear(x, W, b)`` for float32 ``nn.Linear`` layers on a CPU when x
-    holds 1 to 6 rows: see ``weight_times_rows``. Other layers (compute types' converted linears)
-    are called as they are.
+    holds a step's few rows and ``routes.route_for`` measured ``W @ x.T`` faster here. Other layers
+    (compute types' converted linears) are called as they are.
     """
     if type(module) not in _PLAIN_LINEARS or x.device.type != "cpu" or x.dtype != module.weight.dtype:
         return module(x)
     flat = x.reshape(-1, x.shape[-1])
-    if flat.shape[0] not in FEW_ROWS:
+    if route_for("linear", module.weight, flat.shape[0]) != WEIGHT_FIRST:
         return module(x)
     out = weight_times_rows(module.weight, module.bias, flat)
     return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def weight_times_rows(weight: Tensor, bias: Optional[Tensor], rows: Tensor) -> Tensor:
-    """``rows @ weight.T + bias`` computed as ``(bias + weight @ rows.T).T``, one row as two.
-
-    Measured on this 2-core CPU (torch 2.13, 2 threads, weights streamed from memory as in a
-    decoder pass: ``python tools/matmul_rows.py --model base``), microseconds per product:
-
-    | base weight | 1 row: x @ W.T / W @ x.T | 2 rows | 4 rows | 8 rows |
-    |---|---|---|---|---|
-    | 2048 x 512 | 276 / 105 | 381 / 108 | 427 / 119 | 454 / 232 |
-    | 512 x 2048 | 200 / 137 | 333 / 128 | 322 / 277 | 369 / 372 |
-    | 51865 x 512 (vocabulary) | 6890 / 2128 | 13833 / 2276 | 9604 / 2650 | 9914 / 5167 |
-
-    x @ W.T with one row is a matrix-vector product that streams the weight on one core; W @ x.T
-    with two or more rows streams it on both. So a single row is duplicated and multiplied as two.
-    A whole base decoder pass (60 cached tokens, projection included) went from 12.1 to 7.5 ms for
-    one row, and from 19.6 / 20.9 / 19.5 to 8.3 / 9.8 / 16.4 ms for 2 / 4 / 8 rows. The products
-    are the same; only their order of summation differs, so values agree to rounding.
-
-    rows : shape = (n, n_in) -> (n, n_out)
-    """
-    n = rows.shape[0]
-    if n == 1:
-        rows = rows.expand(2, -1).contiguous()
-    out = weight @ rows.T if bias is None else torch.addmm(bias[:, None], weight, rows.T)
-    return out[:, :n].T.contiguous()
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, mask: Optional[Tensor]) -> Tensor:
@@ -307,21 +277,30 @@ def rows_logits(owner: nn.Module, weight: Tensor, states: Tensor, rows: Optional
     None), the one route of every projection (the vocabulary, the Medusa heads' proposal vocabulary,
     a draft head's shortlist). ``rows`` and ``rows_key`` as for ``transposed_rows``.
 
-    A converted model (compute.py) multiplies with its compute type's projection. Float weights on a
-    CPU with a step's few rows go through ``weight_times_rows`` over the rows as stored (a selection
-    is copied once per owner, weight and ``rows_key``); more rows, or a GPU, through
-    ``transposed_rows``' copy.
+    A converted model (compute.py) multiplies with its compute type's projection. Float32 weights on
+    a CPU go the route ``routes.route_for`` measured fastest here for this many rows: ``weight_times_rows``
+    over the rows as stored (a selection is copied once per owner, weight and ``rows_key``), or
+    ``transposed_rows``' copy, which a GPU always takes.
 
     states : shape = (..., n_state) -> (..., n_rows)
     """
     converted = projected_rows(owner, weight, rows, rows_key)
     if converted is not None:
         return states @ converted
-    if weight.device.type == "cpu" and weight.dtype == states.dtype and _rows(states) <= 16:
+    if weight.dtype == states.dtype and _projection_route(owner, weight, states, rows, rows_key) == WEIGHT_FIRST:
         chosen = weight if rows is None else _selected_rows(owner, weight, rows, rows_key)
         logits = weight_times_rows(chosen, None, states.reshape(-1, states.shape[-1]))
         return logits.reshape(*states.shape[:-1], logits.shape[-1])
     return states @ transposed_rows(owner, weight, states.dtype, rows, rows_key)
+
+
+def _projection_route(owner: nn.Module, weight: Tensor, states: Tensor, rows: Optional[Callable[[], Tensor]],
+                      rows_key: Hashable) -> str:
+    """The measured route for this projection: its shape is that of the selected rows."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return WHISPER_ROUTE
+    chosen = weight if rows is None else _selected_rows(owner, weight, rows, rows_key)
+    return route_for("projection", chosen, _rows(states))
 
 
 def _selected_rows(owner: nn.Module, weight: Tensor, rows: Callable[[], Tensor], rows_key: Hashable) -> Tensor:

@@ -16,7 +16,6 @@ interrupted conversion or download never leaves a half file under the final name
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
@@ -27,7 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import whisper
@@ -35,10 +34,10 @@ from tqdm import tqdm
 
 from .ctranslate2 import convert_ctranslate2, model_bin_parts
 from .errors import CheckpointError, DownloadError, ModelNotFoundError
+from .paths import CACHE_ENV, atomic_path, cache_dir  # noqa: F401 (CACHE_ENV and cache_dir are part of this module's API)
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "MEDUSA_WHISPER_CACHE"
 HEADS_ENV = "MEDUSA_WHISPER_HEADS_DIR"
 MANIFEST = "manifest.json"
 MEDUSA_SUFFIXES = ("-medusa", "-medusa-block", "-eagle", "-ctc", "-ctc+eagle")
@@ -111,12 +110,6 @@ class Resolved:
     head_parts: Tuple[Path, ...] = ()
 
 
-def cache_dir() -> Path:
-    """``$MEDUSA_WHISPER_CACHE``, or ``~/.cache/medusa_whisper``."""
-    override = os.environ.get(CACHE_ENV)
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "medusa_whisper"
-
-
 def heads_dir() -> Path:
     """``$MEDUSA_WHISPER_HEADS_DIR``, or the repository's top-level ``weights/`` folder."""
     override = os.environ.get(HEADS_ENV)
@@ -156,18 +149,6 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-@contextlib.contextmanager
-def _atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path``; renamed onto it only if the block finishes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _read_manifest(cache: Path) -> Dict[str, dict]:
     path = cache / MANIFEST
     if not path.is_file():
@@ -186,7 +167,7 @@ def _record(cache: Path, key: str, file: Path, sha256: str, source: str, stamp=N
     manifest[key] = {"file": file.name, "sha256": sha256, "source": source, "bytes": file.stat().st_size}
     if stamp is not None:
         manifest[key]["stamp"] = stamp
-    with _atomic_path(cache / MANIFEST) as tmp:
+    with atomic_path(cache / MANIFEST) as tmp:
         tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -227,7 +208,7 @@ def save_checkpoint(checkpoint: dict, path: Union[str, os.PathLike]) -> str:
         raise ValueError("save_checkpoint: expected a dict with 'dims' and 'model_state_dict'")
     path = Path(path)
     try:
-        with _atomic_path(path) as tmp:
+        with atomic_path(path) as tmp:
             torch.save(checkpoint, tmp)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot write checkpoint ({e.strerror or e})") from e
@@ -311,7 +292,7 @@ def _download(name: str, url: str, path: Path) -> str:
     expected = url.split("/")[-2]  # openai's URLs carry the file's SHA-256 as a path component
     digest = hashlib.sha256()
     try:
-        with _urlopen(url, timeout=DOWNLOAD_TIMEOUT) as response, _atomic_path(path) as tmp:
+        with _urlopen(url, timeout=DOWNLOAD_TIMEOUT) as response, atomic_path(path) as tmp:
             total = int(response.headers.get("Content-Length") or 0) or None
             with open(tmp, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=name) as bar:
                 while block := response.read(1 << 20):
@@ -546,7 +527,7 @@ def ctranslate2_dir(name: str) -> Path:
     expected = sum(p.stat().st_size for p in parts)
     if not (model_bin.is_file() and model_bin.stat().st_size == expected):
         folder.mkdir(parents=True, exist_ok=True)
-        with _atomic_path(model_bin) as tmp, open(tmp, "wb") as out:
+        with atomic_path(model_bin) as tmp, open(tmp, "wb") as out:
             for part in parts:
                 with open(part, "rb") as f:
                     shutil.copyfileobj(f, out, 1 << 20)

@@ -11,7 +11,7 @@ import medusa_whisper
 from medusa_whisper import MedusaConfig, decode, weights
 from medusa_whisper.cli import main
 from medusa_whisper.compute import (ComputeTypeError, HalfLinear, Int8Embedding, Int8Linear, apply_compute_type,
-                                    check_compute_type)
+                                    check_compute_type, cpu_has_bfloat16)
 from medusa_whisper.decoder import project, transposed_rows
 
 from helpers import randomize_heads, with_heads
@@ -105,17 +105,24 @@ def test_tiny_en_lossless_equals_greedy_at_the_same_compute_type(tiny_en, comput
     _check_lossless(tiny_en, compute_type, [JFK] + ([DATA / "flite_train.flac"] if compute_type == "int8" else []))
 
 
+def _affordable(compute_type: str, clips: list) -> list:
+    """Every clip, except for bfloat16 on a CPU that emulates it (no AVX-512 BF16 or AMX): there a
+    row-by-row bfloat16 pass is about 10x slower (base on the bundled clips: 580 s on an AVX2 EPYC),
+    so two clips check the same property within the suite's time."""
+    return clips if compute_type != "bfloat16" or cpu_has_bfloat16() else clips[:2]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("compute_type", TYPES)
 def test_tiny_en_lossless_on_every_bundled_clip(tiny_en, compute_type, clips):
-    _check_lossless(tiny_en, compute_type, clips)
+    _check_lossless(tiny_en, compute_type, _affordable(compute_type, clips))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("compute_type", TYPES)
 def test_base_lossless_equals_greedy_at_the_same_compute_type(compute_type, clips):
     base = medusa_whisper.load_model("base", device="cpu")
-    _check_lossless(base, compute_type, [JFK] + list(clips))
+    _check_lossless(base, compute_type, _affordable(compute_type, [JFK] + list(clips)))
 
 
 def test_converted_models_still_say_the_words(tiny_en):

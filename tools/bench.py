@@ -495,7 +495,9 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    text = f"{cpu}, {os.cpu_count()} cores"
+    from medusa_whisper.routes import isa_features
+
+    text = f"{cpu} ({isa_features()}), {os.cpu_count()} cores"
     if torch.cuda.is_available():
         text += f", GPU {torch.cuda.get_device_name(0)}"
     return text

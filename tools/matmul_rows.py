@@ -4,7 +4,7 @@ A decoder pass multiplies 1 row (plain decoding) or a few (verification) by ever
 model, and the weights do not fit in the cache: the pass streams them from memory. This times,
 per layer shape of the named model and for 1-16 rows, the median of:
 - whisper's ``F.linear(x, W, b)`` (x @ W.T),
-- ``b + W @ x.T`` (decoder.weight_times_rows, one row multiplied as two),
+- ``b + W @ x.T`` (routes.weight_times_rows, one row multiplied as two),
 with enough distinct copies of each weight (about 200 MB) that they come from memory, as in a pass.
 
     python tools/matmul_rows.py --model base --threads 2
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from medusa_whisper.decoder import weight_times_rows  # noqa: E402
+from medusa_whisper.routes import weight_times_rows  # noqa: E402
 
 DIMS = {"tiny.en": (384, 51864), "base": (512, 51865), "small": (768, 51865)}
 

@@ -1,0 +1,247 @@
+"""Which way to multiply a decoder step's few rows by a float weight, chosen by timing both here.
+
+A decoder pass multiplies 1 row (plain decoding) or a few (verification) by every weight of the
+model, and those weights come from memory, not from the cache. Two routes give the same products
+in a different order of summation:
+
+- ``"x@W.T"``: whisper's ``F.linear(x, W, b)``, or for a projection ``x @ W.T`` against a
+  contiguous transposed copy (``decoder.transposed_rows``);
+- ``"W@x.T"``: ``(b + W @ x.T).T`` with one row duplicated into two (``weight_times_rows``).
+
+Which one is faster depends on the CPU and on the BLAS build: on one 2-core AMD EPYC, ``W @ x.T``
+made a base pass 1.6x faster; on a 2-core Intel Xeon with AMX the same route made the vocabulary
+product 2.7x slower. So nothing here says which is faster: the first time a weight shape is
+multiplied, both routes are timed for 1, 2, 4, 8 and 16 rows on weights of that shape streamed
+from memory, as in a pass, and the faster for each row count is kept, in memory and on disk
+(``cache_dir()/routes/<machine>.json``, a few kB), keyed by the CPU model and flags, the torch
+version and the thread count. A second process on the same machine measures nothing.
+
+``MEDUSA_WHISPER_ROUTES=whisper`` skips the measuring and always takes whisper's route (e.g. for
+a reproducible comparison with ``whisper.decode``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .paths import atomic_path, cache_dir
+
+log = logging.getLogger(__name__)
+
+ROUTES_ENV = "MEDUSA_WHISPER_ROUTES"
+WHISPER_ROUTE, WEIGHT_FIRST = "x@W.T", "W@x.T"
+ROUTES = (WHISPER_ROUTE, WEIGHT_FIRST)
+# rows up to which a choice is measured; more rows are a prompt or a long tree: whisper's route
+MAX_MEASURED_ROWS = 16  # == ROW_COUNTS[-1]
+REPEATS = 3
+
+Shape = Tuple[str, int, int, str]  # (kind, n_out, n_in, dtype)
+# row counts whose routes are timed; a count between two takes the route of the lower one
+ROW_COUNTS = (1, 2, 4, 8, 16)
+
+
+def weight_times_rows(weight: Tensor, bias: Optional[Tensor], rows: Tensor) -> Tensor:
+    """``rows @ weight.T + bias`` computed as ``(bias + weight @ rows.T).T``, one row as two.
+
+    x @ W.T with one row is a matrix-vector product, which some BLAS builds run on one core; W @ x.T
+    with two or more rows is a matrix product that they split over every core. Whether that pays is
+    what ``choose`` measures.
+
+    rows : shape = (n, n_in) -> (n, n_out)
+    """
+    n = rows.shape[0]
+    if n == 1:
+        rows = rows.expand(2, -1).contiguous()
+    out = weight @ rows.T if bias is None else torch.addmm(bias[:, None], weight, rows.T)
+    return out[:, :n].T.contiguous()
+
+
+def machine_id() -> Dict[str, object]:
+    """What a measured choice depends on."""
+    model, flags = _cpu()
+    return {"cpu": model, "flags": flags, "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+# instruction sets that decide which kernels are fast (or exact: see compute._activation_range)
+ISA = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def isa_features() -> str:
+    """The ISA features of ``ISA`` this CPU has, e.g. "avx2 avx512f avx512_vnni"."""
+    flags = _flags().split()
+    return " ".join(f for f in ISA if f in flags) or "none of " + ", ".join(ISA)
+
+
+@functools.lru_cache(maxsize=1)
+def _flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "flags":
+                return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu() -> Tuple[str, str]:
+    """The CPU's model name and a digest of its feature flags."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "model name":
+                model = value.strip()
+                break
+    except OSError:
+        pass
+    return model, hashlib.sha256(_flags().encode()).hexdigest()[:12]
+
+
+class RouteTable:
+    """The measured choices of one machine, torch and thread count; read from and written to ``path``.
+
+    The first product of a weight shape times both routes for every row count in ``ROW_COUNTS``
+    at once (a fraction of a second per shape), so the streamed weights are made once and freed.
+    """
+
+    def __init__(self, path: Optional[Path], timer: Optional[Callable[[Shape, int, str], float]] = None):
+        self.path = path
+        self.timer = timer or time_route
+        self.choices: Dict[str, dict] = {}
+        self.measured = 0  # shapes this process timed (the rest came from the file)
+        self._known: Dict[Tuple[Shape, int], str] = {}
+        self._lock = threading.Lock()
+        if path is not None and path.exists():
+            try:
+                self.choices = dict(json.loads(path.read_text(encoding="utf-8"))["choices"])
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("%s: unreadable kernel-route cache; measuring again", path)
+
+    def choose(self, shape: Shape, rows: int) -> str:
+        """The route for ``rows`` rows (1..MAX_MEASURED_ROWS): that of the largest measured count <= rows."""
+        known = self._known.get((shape, rows))
+        if known is not None:
+            return known
+        bucket = max(n for n in ROW_COUNTS if n <= rows)
+        entry = self.choices.get(_name(shape, bucket))
+        if entry is None or entry.get("route") not in ROUTES:
+            with self._lock:
+                self._measure(shape)
+            entry = self.choices[_name(shape, bucket)]
+        self._known[(shape, rows)] = entry["route"]
+        return entry["route"]
+
+    def _measure(self, shape: Shape) -> None:
+        began = time.perf_counter()
+        try:
+            for rows in ROW_COUNTS:
+                micros = {route: self.timer(shape, rows, route) for route in ROUTES}
+                route = min(ROUTES, key=micros.get)
+                self.choices[_name(shape, rows)] = {"route": route, "us": {r: round(t, 1) for r, t in micros.items()}}
+        finally:
+            _streamed.cache_clear()
+        self.measured += 1
+        log.info("kernel routes for %s measured in %.1f s", _name(shape), time.perf_counter() - began)
+        self._save()
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        try:
+            on_disk = json.loads(self.path.read_text(encoding="utf-8"))["choices"] if self.path.exists() else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            on_disk = {}
+        merged = {**on_disk, **self.choices}  # another process may have added its own choices
+        try:
+            with atomic_path(self.path) as tmp:
+                tmp.write_text(json.dumps({"machine": machine_id(), "choices": merged}, indent=1, sort_keys=True),
+                               encoding="utf-8")
+        except OSError as error:  # a read-only cache only costs the next process a measurement
+            log.warning("could not save kernel routes to %s: %s", self.path, error)
+
+
+def _name(shape: Shape, rows: Optional[int] = None) -> str:
+    kind, n_out, n_in, dtype = shape
+    return f"{kind} {n_out}x{n_in} {dtype}" + ("" if rows is None else f" rows={rows}")
+
+
+def time_route(shape: Shape, rows: int, route: str) -> float:
+    """Median microseconds of one product by ``route``, with weights of ``shape`` read from memory."""
+    kind, n_out, n_in, dtype = shape
+    # a projection on whisper's route multiplies a transposed contiguous copy (decoder.transposed_rows)
+    transposed = kind == "projection" and route == WHISPER_ROUTE
+    weights = _streamed(n_out, n_in, getattr(torch, dtype), transposed)
+    copies = len(weights)
+    bias = torch.rand(n_out, dtype=weights[0].dtype) if kind == "linear" else None
+    x = torch.rand(rows, n_in, dtype=weights[0].dtype)
+    if route == WEIGHT_FIRST:
+        run: Callable[[Tensor], Tensor] = lambda w: weight_times_rows(w, bias, x)  # noqa: E731
+    elif kind == "linear":
+        run = lambda w: F.linear(x, w, bias)  # noqa: E731
+    else:
+        run = lambda w_t: x @ w_t  # noqa: E731
+    times: List[float] = []
+    for _ in range(REPEATS + 1):
+        began = time.perf_counter()
+        for w in weights:
+            run(w)
+        times.append((time.perf_counter() - began) / copies)
+    return sorted(times[1:])[REPEATS // 2] * 1e6
+
+
+@functools.lru_cache(maxsize=1)
+def streamed_bytes() -> int:
+    """Bytes of weights a timing cycles through so that they come from memory, as a pass's do (a
+    decoder's weights are larger than any CPU cache): twice the last-level cache, 32-256 MB."""
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+        size = int(text.rstrip("KMG")) << {"K": 10, "M": 20, "G": 30}.get(text[-1:], 0)
+    except (OSError, ValueError):
+        size = 32 << 20
+    return min(max(2 * size, 32 << 20), 256 << 20)
+
+
+@functools.lru_cache(maxsize=2)  # the two layouts of one shape, while its row counts are timed
+def _streamed(n_out: int, n_in: int, dtype: torch.dtype, transposed: bool) -> List[Tensor]:
+    """Distinct weights of one shape, about ``streamed_bytes()`` in all (at least one)."""
+    copies = max(1, streamed_bytes() // (n_out * n_in * torch.finfo(dtype).bits // 8))
+    size = (n_in, n_out) if transposed else (n_out, n_in)
+    return [torch.rand(size, dtype=dtype).sub_(0.5) for _ in range(copies)]
+
+
+_TABLES: Dict[Tuple, RouteTable] = {}
+
+
+def table() -> RouteTable:
+    """This process's table for the current machine, torch, thread count and cache folder."""
+    ident = machine_id()
+    folder = cache_dir()
+    key = (tuple(sorted(ident.items())), str(folder))
+    found = _TABLES.get(key)
+    if found is None:
+        digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+        found = _TABLES[key] = RouteTable(folder / "routes" / f"{digest}.json")
+    return found
+
+
+def route_for(kind: str, weight: Tensor, rows: int) -> str:
+    """The route for multiplying ``rows`` rows by ``weight`` (kind "linear" or "projection")."""
+    if (weight.device.type != "cpu" or not 1 <= rows <= MAX_MEASURED_ROWS or weight.dtype != torch.float32
+            or os.environ.get(ROUTES_ENV, "measure") == "whisper"):
+        return WHISPER_ROUTE
+    return table().choose((kind, weight.shape[0], weight.shape[1], "float32"), rows)

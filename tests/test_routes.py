@@ -1,0 +1,90 @@
+"""Kernel routes: chosen by timing on this machine, kept on disk, and equal in value to whisper's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from medusa_whisper import decoder, routes
+from medusa_whisper.routes import ROW_COUNTS, WEIGHT_FIRST, WHISPER_ROUTE, RouteTable
+
+
+def fake_timer(calls):
+    """W @ x.T is faster for 2 and 4 rows, x @ W.T otherwise; records what it was asked."""
+    def timer(shape, rows, route):
+        calls.append((shape, rows, route))
+        weight_first_wins = rows in (2, 4)
+        return 1.0 if (route == WEIGHT_FIRST) == weight_first_wins else 2.0
+    return timer
+
+
+def test_the_faster_route_is_kept_per_row_count_and_saved(tmp_path):
+    calls = []
+    path = tmp_path / "routes.json"
+    table = RouteTable(path, timer=fake_timer(calls))
+    shape = ("linear", 64, 32, "float32")
+    assert table.choose(shape, 1) == WHISPER_ROUTE
+    assert table.measured == 1 and len(calls) == 2 * len(ROW_COUNTS)  # every count timed at once
+    assert table.choose(shape, 2) == WEIGHT_FIRST
+    assert table.choose(shape, 3) == WEIGHT_FIRST  # between two counts: the lower one's route
+    assert table.choose(shape, 8) == WHISPER_ROUTE
+    assert table.measured == 1 and len(calls) == 2 * len(ROW_COUNTS)
+    saved = json.loads(path.read_text())
+    assert saved["machine"]["torch"] == torch.__version__
+    assert saved["choices"]["linear 64x32 float32 rows=4"]["route"] == WEIGHT_FIRST
+
+    def refuse(*args):
+        raise AssertionError("a saved choice was measured again")
+    again = RouteTable(path, timer=refuse)
+    assert [again.choose(shape, n) for n in (1, 2, 4, 16)] == [WHISPER_ROUTE, WEIGHT_FIRST, WEIGHT_FIRST,
+                                                               WHISPER_ROUTE]
+    assert again.measured == 0
+
+
+def test_an_unreadable_cache_file_is_measured_again(tmp_path):
+    path = tmp_path / "routes.json"
+    path.write_text("{not json")
+    table = RouteTable(path, timer=fake_timer([]))
+    assert table.choose(("projection", 10, 8, "float32"), 4) == WEIGHT_FIRST
+    assert json.loads(path.read_text())["choices"]
+
+
+def test_a_second_process_reuses_the_measured_choices(tmp_path):
+    script = ("import torch; from medusa_whisper import routes; torch.set_num_threads(2); "
+              "w = torch.randn(96, 64); r = routes.route_for('linear', w, 1); "
+              "print(routes.table().measured, r)")
+    env = {**os.environ, "MEDUSA_WHISPER_CACHE": str(tmp_path)}
+    env.pop(routes.ROUTES_ENV, None)
+    first, second = (subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                                    check=True).stdout.split() for _ in range(2))
+    assert first[0] == "1" and second[0] == "0"
+    assert first[1] == second[1] in routes.ROUTES
+    assert len(list((tmp_path / "routes").glob("*.json"))) == 1
+
+
+def test_the_whisper_setting_measures_nothing(monkeypatch):
+    monkeypatch.setenv(routes.ROUTES_ENV, "whisper")
+    monkeypatch.setattr(routes, "time_route", lambda *a: pytest.fail("measured"))
+    assert routes.route_for("linear", torch.randn(40, 24), 2) == WHISPER_ROUTE
+
+
+@pytest.mark.parametrize("route", routes.ROUTES)
+@pytest.mark.parametrize("rows", [1, 3, 16, 40])
+def test_either_route_gives_whispers_values(monkeypatch, route, rows):
+    monkeypatch.setattr(decoder, "route_for", lambda kind, weight, n: route)
+    torch.manual_seed(rows)
+    layer = nn.Linear(48, 80)
+    x = torch.randn(1, rows, 48)
+    torch.testing.assert_close(decoder.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
+    owner, embedding = nn.Module(), torch.randn(120, 48)
+    torch.testing.assert_close(decoder.rows_logits(owner, embedding, x), x @ embedding.T, rtol=1e-5, atol=1e-5)
+    some = torch.tensor([3, 7, 50, 119])
+    torch.testing.assert_close(decoder.rows_logits(owner, embedding, x, lambda: some, rows_key="four"),
+                               F.linear(x, embedding[some]), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,168 @@
+"""What one decoder pass costs, beside what its bytes ask of this machine's memory.
+
+    python tools/bench_pass.py --model base --compute-types float32,int8,bfloat16 --threads 2
+
+For each compute type and 1, 2, 4, 8 and 16 new rows after a cache of 60 tokens, on the encoder
+output of a real recording: milliseconds per pass (``decoder_hidden`` + the vocabulary projection,
+median of repetitions, compute types interleaved), the ATen operators one pass calls (torch
+profiler), the bytes one pass must read (the decoder weights it multiplies, the projection, the
+cross-attention keys and values of 1,500 audio positions, the self-attention cache), and the floor:
+those bytes over the read bandwidth measured here on a working set of the same size. Prints the CPU
+and its ISA features, a Markdown table, and writes JSON (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Iterable
+
+import torch
+import whisper
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import medusa_whisper  # noqa: E402
+from medusa_whisper.compute import projection_source  # noqa: E402
+from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project  # noqa: E402
+from medusa_whisper.routes import isa_features, machine_id  # noqa: E402
+
+AUDIO = Path(__file__).resolve().parent.parent / "tests" / "data" / "real" / "jfk.flac"
+CONTEXT = 60
+
+
+def read_bandwidth(n_bytes: int, reps: int = 9) -> float:
+    """Bytes per second that summing a float32 buffer of ``n_bytes`` reads (median), which stands for
+    how fast a pass can stream a working set of that size."""
+    buffer = torch.rand(max(n_bytes // 4, 1 << 16))
+    buffer.sum()
+    times = []
+    for _ in range(reps):
+        began = time.perf_counter()
+        buffer.sum()
+        times.append(time.perf_counter() - began)
+    return buffer.numel() * 4 / statistics.median(times)
+
+
+def _tensor_bytes(tensors: Iterable[Tensor]) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def _own(module: nn.Module):
+    yield from module.parameters(recurse=True)
+    yield from module.buffers(recurse=True)
+
+
+def pass_bytes(model: nn.Module, cache, rows: int) -> Dict[str, int]:
+    """Bytes one pass reads: weights it multiplies, the projection, cross K/V, the self-attention cache."""
+    decoder = model.decoder
+    weights = []
+    for block in decoder.blocks:
+        fused = block.attn.__dict__.get("qkv")
+        parts = [fused] if fused is not None else [block.attn.query, block.attn.key, block.attn.value]
+        # the cross-attention's key and value layers run once per window, not per pass
+        parts += [block.attn.out, block.cross_attn.query, block.cross_attn.out, block.mlp, block.attn_ln,
+                  block.cross_attn_ln, block.mlp_ln]
+        for part in parts:
+            weights += list(_own(part))
+    weights += list(_own(decoder.ln))
+    embedding = decoder.token_embedding.weight
+    source = projection_source(embedding)
+    projection = _tensor_bytes(_own(source)) if source is not None else _tensor_bytes([embedding])
+    cross = _tensor_bytes(list(cache.cross_attn.keys) + list(cache.cross_attn.values))
+    self_kv = cache.self_attn
+    slots = self_kv.capacity if self_kv.n_head is not None else CONTEXT + rows  # fixed-shape attention reads all
+    per_slot = (self_kv.keys.numel() // self_kv.capacity) * self_kv.keys.element_size() * 2
+    return {"weights": _tensor_bytes(weights), "projection": projection, "cross_kv": cross,
+            "self_kv": per_slot * slots}
+
+
+def pass_runner(model, features: Tensor, rows: int):
+    decoder = model.decoder
+    cache = new_cache(decoder, features)
+    tokens = torch.randint(0, 50000, (1, CONTEXT))
+    decoder_hidden(decoder, tokens, torch.arange(CONTEXT), cache, 0, chain_mask(0, CONTEXT, "cpu"))
+    cache.rollback(CONTEXT)
+    new = torch.randint(0, 50000, (1, rows))
+    positions = torch.arange(CONTEXT, CONTEXT + rows)
+    mask = chain_mask(CONTEXT, rows, "cpu")
+
+    def run():
+        return project(decoder, decoder_hidden(decoder, new, positions, cache, CONTEXT, mask))
+    return run, cache
+
+
+def aten_ops(fn) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    # operators called from Python, not those an operator calls inside itself
+    return sum(1 for e in prof.events() if e.name.startswith("aten::")
+               and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="base")
+    parser.add_argument("--compute-types", default="float32,int8,bfloat16")
+    parser.add_argument("--rows", default="1,2,4,8,16")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    types, row_counts = args.compute_types.split(","), [int(r) for r in args.rows.split(",")]
+    machine = {**machine_id(), "isa": isa_features()}
+    print(f"{machine['cpu']} ({machine['isa']}), torch {machine['torch']}, {args.threads} threads, "
+          f"{args.model}, {CONTEXT} cached tokens", flush=True)
+
+    models = {t: medusa_whisper.load_model(args.model, device="cpu", compute_type=t) for t in types}
+    audio = whisper.pad_or_trim(whisper.load_audio(str(AUDIO)))
+    mel = whisper.log_mel_spectrogram(audio, models[types[0]].dims.n_mels)[None]
+    results = []
+    with torch.inference_mode():
+        features = {t: m.embed_audio(mel) for t, m in models.items()}
+        for rows in row_counts:
+            runners = {t: pass_runner(m, features[t], rows) for t, m in models.items()}
+            times = {t: [] for t in types}
+            for fn, _ in runners.values():
+                fn(), fn()  # warm-up: first-use route measurements and prepacking happen here
+            for _ in range(args.reps):
+                for t, (fn, _) in runners.items():
+                    began = time.perf_counter()
+                    fn()
+                    times[t].append((time.perf_counter() - began) * 1e3)
+            for t, (fn, cache) in runners.items():
+                parts = pass_bytes(models[t], cache, rows)
+                total = sum(parts.values())
+                bandwidth = read_bandwidth(total)
+                floor_ms = total / bandwidth * 1e3
+                ms = statistics.median(times[t])
+                results.append({"compute_type": t, "rows": rows, "ms": round(ms, 2), "min_ms": round(min(times[t]), 2),
+                                "aten_ops": aten_ops(fn), "bytes": parts, "mb": round(total / 1e6, 1),
+                                "gb_per_s": round(bandwidth / 1e9, 1), "floor_ms": round(floor_ms, 2),
+                                "x_floor": round(ms / floor_ms, 2)})
+                print(json.dumps(results[-1]), flush=True)
+    print()
+    print("| compute type | rows | ms per pass | ATen ops | MB read | GB/s here | floor ms | x floor |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in sorted(results, key=lambda r: (types.index(r["compute_type"]), r["rows"])):
+        print(f"| {r['compute_type']} | {r['rows']} | {r['ms']} | {r['aten_ops']} | {r['mb']} | {r['gb_per_s']} | "
+              f"{r['floor_ms']} | {r['x_floor']} |")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"machine": machine, "model": args.model, "threads": args.threads,
+                                        "results": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
