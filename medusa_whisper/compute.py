@@ -9,7 +9,7 @@
 - ``int8``: every linear outside the encoder (decoder, Medusa heads and block, any drafter module
   attached to the model) becomes an ``Int8Linear``: int8 weights with one scale per output
   channel. The vocabulary projection is int8 too (``Int8Rows``, through ``transposed_rows`` in
-  decoder.py), with activations quantised per row. The encoder's linears, whose products have 1,500
+  decoder.py), by whichever of two row-independent kernels measures faster on the running CPU. The encoder's linears, whose products have 1,500
   rows, run in bfloat16 where the CPU has bfloat16 instructions (there they are both faster and
   more accurate than int8) and as row-wise ``Int8Linear`` where it has not.
 - ``float16``, ``int8_float16``: CUDA only, as in faster-whisper.
@@ -23,9 +23,10 @@ row, but its eager CPU path recomputes the weight's column sums in int32 on ever
 the 51,865-row projection against 2 ms in float32); it is built to be fused by torch.compile.
 What both end up calling are PyTorch's own int8 kernels, which we call directly:
 ``torch._weight_int8pack_mm`` (int8 weights, bfloat16 activations, the kernel behind torchao's
-int8 weight-only path on CPUs) for the decoder's linears, and oneDNN's prepacked
-``onednn::qlinear_pointwise`` (the kernel Inductor lowers torchao's int8 linears to on x86) with
-activations quantised per row for the projection. Both are exact integer (or row-independent)
+int8 weight-only path on CPUs) for the decoder's linears, and for the projection either that or
+oneDNN's prepacked ``onednn::qlinear_pointwise`` (the kernel Inductor lowers torchao's int8
+linears to on x86) with activations quantised per row, whichever the running CPU times faster
+(``Int8Embedding.projection_kernel``). Both are exact integer (or row-independent)
 arithmetic: a row's result does not depend on the other rows, so ``lossless`` stays lossless.
 
 Quantised models are cached beside the weights cache (``cache_dir()/compute``) as safetensors,
@@ -50,6 +51,7 @@ from whisper.model import MultiHeadAttention, ResidualAttentionBlock
 
 from .errors import MedusaWhisperError
 from .paths import atomic_path, cache_dir
+from .routes import median_micros, table as routes_table
 
 log = logging.getLogger(__name__)
 
@@ -291,14 +293,22 @@ class Int8Rows:
     """Selected rows of the token embedding as an int8 projection: ``states @ rows`` gives their logits.
 
     Stands where ``transposed_rows`` returns ``weight[rows].T`` for float models: ``states @ it``
-    (states of shape (..., n_state)) returns float32 logits of shape (..., n_rows). Activations are
-    quantised per row (``_rowwise_int8_matmul``), so verifying several rows at once gives each the
-    logits it gets alone.
+    (states of shape (..., n_state)) returns float32 logits of shape (..., n_rows). Either kernel
+    computes each row on its own, so verifying several rows at once gives each the logits it gets
+    alone: "rowwise" quantises the activations per row (``_rowwise_int8_matmul``, oneDNN),
+    "weight_only" multiplies bfloat16 activations by the int8 rows (``torch._weight_int8pack_mm``).
     """
 
-    def __init__(self, qweight: Tensor, scale: Tensor):
+    KERNELS = ("rowwise", "weight_only")
+
+    def __init__(self, qweight: Tensor, scale: Tensor, kernel: str = "rowwise"):
+        assert kernel in self.KERNELS, kernel
         self.qweight, self.scale = qweight.contiguous(), scale.contiguous()  # (n_rows, n_state), (n_rows,)
-        _packed(self, self.qweight)  # prepack now, not in the first decoder step
+        self.kernel = kernel
+        if kernel == "rowwise":
+            _packed(self, self.qweight)  # prepack now, not in the first decoder step
+        else:  # the scale is applied in float32 afterwards, as in Int8Linear
+            self.unit = torch.ones(self.qweight.shape[0], dtype=torch.bfloat16, device=self.qweight.device)
 
     @property
     def shape(self) -> torch.Size:
@@ -306,7 +316,12 @@ class Int8Rows:
 
     def __rmatmul__(self, states: Tensor) -> Tensor:
         shape = states.shape
-        y = _rowwise_int8_matmul(self, states.reshape(-1, shape[-1]).float(), self.qweight, self.scale)
+        rows = states.reshape(-1, shape[-1])
+        if self.kernel == "weight_only":
+            y = torch._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.qweight, self.unit)
+            y = y.float().mul_(self.scale)
+        else:
+            y = _rowwise_int8_matmul(self, rows.float(), self.qweight, self.scale)
         return y.reshape(*shape[:-1], self.qweight.shape[0])
 
 
@@ -341,10 +356,34 @@ class Int8Embedding(nn.Module):
         module.qweight, module.scale = quantize_rows(weight)
         return module
 
+    # the kernel of every projection onto this embedding's rows: one for all of them, so that a
+    # shortlist's logits are the full vocabulary's; None until measured (``projection_kernel``)
+    kernel: Optional[str] = None
+
     def rows(self, index: Optional[Tensor]) -> Int8Rows:
+        kernel = self.projection_kernel()
         if index is None:
-            return Int8Rows(self.qweight, self.scale)
-        return Int8Rows(self.qweight[index], self.scale[index])
+            return Int8Rows(self.qweight, self.scale, kernel)
+        return Int8Rows(self.qweight[index], self.scale[index], kernel)
+
+    def projection_kernel(self) -> str:
+        """The faster Int8Rows kernel on this CPU for this vocabulary, timed at 1 and 8 rows once per
+        machine (routes.py). They differ by 4x either way: oneDNN's u8s8 product is the faster on
+        CPUs with VNNI, and 4x slower than ``_weight_int8pack_mm`` on an AVX2 EPYC (17.2 against 4.2 ms
+        for base's 51,865 rows)."""
+        if self.kernel is None:
+            if self.qweight.device.type != "cpu":
+                self.kernel = "weight_only"
+            else:
+                n_vocab, n_state = self.qweight.shape
+
+                def timer(kernel: str):
+                    rows = Int8Rows(self.qweight, self.scale, kernel)
+                    one, eight = torch.randn(1, n_state), torch.randn(8, n_state)
+                    return lambda: median_micros(lambda: one @ rows) + median_micros(lambda: eight @ rows)
+                self.kernel = routes_table().choose_kernel(
+                    f"int8 projection {n_vocab}x{n_state}", {k: timer(k) for k in Int8Rows.KERNELS})
+        return self.kernel
 
 
 class HalfEmbedding(nn.Module):

@@ -146,6 +146,23 @@ class RouteTable:
         self._known[(shape, rows)] = entry["route"]
         return entry["route"]
 
+    def choose_kernel(self, name: str, candidates: Dict[str, Callable[[], float]]) -> str:
+        """The fastest of ``candidates`` (name -> a function that times that kernel, in microseconds) for
+        the operation called ``name``, timed once per machine like the routes. For choices that must
+        hold for every row count (an int8 kernel decides a row's bits, and lossless decoding needs a
+        row to get the same bits in any pass)."""
+        entry = self.choices.get(name)
+        if entry is None or entry.get("route") not in candidates:
+            with self._lock:
+                began = time.perf_counter()
+                micros = {kernel: timer() for kernel, timer in candidates.items()}
+                entry = {"route": min(micros, key=micros.get), "us": {k: round(t, 1) for k, t in micros.items()}}
+                self.choices[name] = entry
+                self.measured += 1
+                log.info("kernel for %s measured in %.1f s: %s", name, time.perf_counter() - began, entry)
+                self._save()
+        return entry["route"]
+
     def _measure(self, shape: Shape) -> None:
         began = time.perf_counter()
         try:
@@ -237,6 +254,17 @@ def table() -> RouteTable:
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         found = _TABLES[key] = RouteTable(folder / "routes" / f"{digest}.json")
     return found
+
+
+def median_micros(fn: Callable[[], object], repeats: int = REPEATS) -> float:
+    """Median microseconds of ``fn()`` over ``repeats`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return sorted(times)[repeats // 2] * 1e6
 
 
 def route_for(kind: str, weight: Tensor, rows: int) -> str:

@@ -1,5 +1,6 @@
 """Compute types: lossless at every type, the converted-model cache, and types a device cannot run."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,8 @@ from whisper.decoding import DecodingOptions
 import medusa_whisper
 from medusa_whisper import MedusaConfig, decode, weights
 from medusa_whisper.cli import main
-from medusa_whisper.compute import (ComputeTypeError, HalfLinear, Int8Embedding, Int8Linear, apply_compute_type,
-                                    check_compute_type, cpu_has_bfloat16)
+from medusa_whisper.compute import (ComputeTypeError, HalfLinear, Int8Embedding, Int8Linear, Int8Rows,
+                                    apply_compute_type, check_compute_type, cpu_has_bfloat16)
 from medusa_whisper.decoder import project, transposed_rows
 
 from helpers import randomize_heads, with_heads
@@ -43,13 +44,16 @@ def test_int8_linear_rows_are_independent_and_close(kernel):
     assert (together - exact).abs().max() / exact.abs().max() < 0.03
 
 
-def test_int8_projection_rows_are_independent_and_a_shortlist_projects_as_the_whole():
+@pytest.mark.parametrize("kernel", Int8Rows.KERNELS)
+def test_int8_projection_rows_are_independent_and_a_shortlist_projects_as_the_whole(kernel):
     torch.manual_seed(0)
     owner, shortlist_owner = torch.nn.Module(), torch.nn.Module()
     weight = torch.randn(5000, 384) * 0.05
     from medusa_whisper import compute
 
-    compute._register_projection(weight, Int8Embedding.from_weight(weight))
+    embedding = Int8Embedding.from_weight(weight)
+    embedding.kernel = kernel  # both, whichever this CPU would choose
+    compute._register_projection(weight, embedding)
     full = transposed_rows(owner, weight, torch.float32)
     states = torch.randn(1, 6, 384)
     logits = states @ full  # (1, 6, 5000)
@@ -61,6 +65,20 @@ def test_int8_projection_rows_are_independent_and_a_shortlist_projects_as_the_wh
     assert torch.equal(states @ short, logits[..., rows])
     exact = states @ weight.T
     assert (logits - exact).abs().max() / exact.abs().max() < 0.03
+    assert full.kernel == short.kernel == kernel
+
+
+def test_the_int8_projection_kernel_is_measured_once_per_machine_for_every_selection(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    embedding = Int8Embedding.from_weight(torch.randn(3000, 64))
+    chosen = embedding.projection_kernel()
+    assert chosen in Int8Rows.KERNELS
+    assert embedding.rows(torch.tensor([1, 2])).kernel == chosen
+    saved = json.loads(next((tmp_path / "routes").glob("*.json")).read_text())["choices"]
+    assert saved["int8 projection 3000x64"]["route"] == chosen
+    again = Int8Embedding.from_weight(torch.randn(3000, 64))
+    monkeypatch.setattr("medusa_whisper.compute.median_micros", lambda fn: pytest.fail("measured again"))
+    assert again.projection_kernel() == chosen
 
 
 # --- lossless at every compute type, on real speech -----------------------------------------------
