@@ -471,6 +471,9 @@ def apply_compute_type(model: nn.Module, compute_type: str, device=None) -> nn.M
         return model
     if current != "float32":
         raise ValueError(f"the model is already {current}; load it again for {compute_type}")
+    if compute_type == "bfloat16" and torch.device(device).type == "cpu" and not cpu_has_bfloat16():
+        log.warning("this CPU has no native bfloat16 products (AVX-512 BF16 or AMX): bfloat16 is emulated "
+                    "and several times slower than float32 here; int8 or float32 will be faster")
     if compute_type != "float32":
         _convert_structure(model, compute_type, torch.device(device).type)
         _finish(model, compute_type)

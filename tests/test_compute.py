@@ -15,7 +15,7 @@ from medusa_whisper.compute import (ComputeTypeError, HalfLinear, Int8Embedding,
                                     apply_compute_type, check_compute_type, cpu_has_bfloat16)
 from medusa_whisper.decoder import project, transposed_rows
 
-from helpers import randomize_heads, with_heads
+from helpers import random_model, randomize_heads, with_heads
 
 DATA = Path(__file__).parent / "data"
 JFK = DATA / "real" / "jfk.flac"
@@ -262,3 +262,14 @@ def test_a_model_with_a_draft_head_loads_from_its_cache(head, tmp_path, monkeypa
     mel = mel_of(JFK)
     a, b = decode(first, mel, GREEDY), decode(second, mel, GREEDY)
     assert a.tokens == b.tokens and a.decoder_steps == b.decoder_steps
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_emulated_bfloat16_says_so_once_at_load(monkeypatch, caplog, native):
+    from medusa_whisper import compute
+
+    monkeypatch.setattr(compute, "cpu_has_bfloat16", lambda: native)
+    with caplog.at_level("WARNING", logger="medusa_whisper.compute"):
+        apply_compute_type(random_model(MedusaConfig(num_heads=1)), "bfloat16")
+    warned = [r for r in caplog.records if "no native bfloat16" in r.getMessage()]
+    assert len(warned) == (0 if native else 1)
