@@ -27,7 +27,7 @@ from .errors import MedusaWhisperError
 from .outputs import OUTPUT_FORMATS, WRITER_OPTIONS, formats, output_record  # noqa: F401 (output_record: API)
 
 PROG = "medusa-whisper"
-COMMANDS = ("transcribe", "convert", "eval", "train", "models")
+COMMANDS = ("transcribe", "convert", "export-ggml", "eval", "train", "models")
 
 
 class _Unset:
@@ -292,6 +292,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("src", metavar="SRC", help="CTranslate2 model directory or openai-whisper .pt")
     c.add_argument("out", metavar="OUT.pt", help="checkpoint file to write")
     c.set_defaults(run=_convert)
+
+    g = commands.add_parser("export-ggml", help="write a model as whisper.cpp's ggml file",
+                            description="Write a model's weights (no heads) as the ggml model file whisper.cpp "
+                                        "loads: f16 (as whisper.cpp's own converter), q8_0 (as its quantize "
+                                        "tool) or f32.")
+    g.add_argument("model", metavar="MODEL", help="model name or checkpoint path, as --model takes")
+    g.add_argument("out", metavar="OUT.bin", type=Path, help="ggml file to write")
+    g.add_argument("--type", choices=("f16", "q8_0", "f32"), default="f16", dest="ggml_type")
+    g.add_argument("--check", action="store_true",
+                   help="read the written file back and compare every tensor with the model's")
+    g.set_defaults(run=_export_ggml)
 
     e = commands.add_parser("eval", help="WER/CER and speed on a labelled CSV",
                             description="Evaluate on a CSV with columns audio, sentence, language (optional "
@@ -616,6 +627,32 @@ def _convert(args: argparse.Namespace) -> int:
 
     out = convert(args.src, args.out)
     print(f"wrote {out}")
+    return 0
+
+
+def _export_ggml(args: argparse.Namespace) -> int:
+    from . import ggml
+    from .loading import load_model
+
+    model = load_model(args.model, device="cpu")
+    try:
+        out = ggml.write_ggml(model, args.out, args.ggml_type)
+    except OSError as e:
+        _error(f"{args.out}: cannot write ({e.strerror or e})")
+        return 1
+    print(f"wrote {out} ({args.ggml_type}, {out.stat().st_size / 1e6:.1f} MB)")
+    if args.ggml_type == "f32":
+        # whisper.cpp (1.8 on the CPU) still runs its conv kernels in f16 only: ggml-org/whisper.cpp#2557
+        _note("whisper.cpp's CPU backend cannot run f32 files (its convolution asserts f16 kernels); "
+              "use f16 or q8_0 with it")
+    if args.check:
+        problems = ggml.check_ggml(out, model)
+        for problem in problems:
+            _error(f"{out}: {problem}")
+        if problems:
+            return 1
+        print(f"checked {out}: every tensor whisper.cpp loads is there, of the shape and type it expects, "
+              f"equal to the model's within {args.ggml_type} rounding")
     return 0
 
 

@@ -26,7 +26,8 @@ def clone(tmp_path_factory):
         pytest.skip("not a git checkout")
     folder = tmp_path_factory.mktemp("clone") / "medusa_whisper"
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(folder)], check=True)
-    for name in ("tools/install_packages.sh", "tools/make_corpus.py", "tools/bench.py", "Makefile"):
+    for name in ("tools/install_packages.sh", "tools/make_corpus.py", "tools/bench.py", "tools/bench_systems.py",
+                 "Makefile"):
         shutil.copy(ROOT / name, folder / name)  # this work tree's version, committed or not
     folder.chmod(0o755)
     return folder

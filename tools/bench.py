@@ -12,6 +12,8 @@ loader converts to openai-whisper's layout and faster-whisper reads as they are)
   a lossless row for each ``--drafter``;
 - faster-whisper (CTranslate2), beam 1, temperature 0, no VAD: int8 and float32 on the CPU
   (int8_float16 and float16 on CUDA);
+- whisper.cpp (pywhispercpp), greedy, temperature 0, no timestamps, on ggml files written from the
+  same weights (medusa_whisper/ggml.py): f16 and q8_0, on the CPU;
 - Hugging Face transformers greedy, when transformers is installed (it is not a dependency).
 
 The benchmark set is built reproducibly from the held-out split of the synthetic corpus (voices and
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import platform
 import random
@@ -52,8 +55,8 @@ import soundfile as sf
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_systems import (ROOT, VANILLA, System, isolated_faster_whisper_system, torch_system,  # noqa: E402
-                           transformers_system)
+from bench_systems import (ROOT, VANILLA, System, ggml_file, isolated_faster_whisper_system,  # noqa: E402
+                           isolated_whisper_cpp_system, torch_system, transformers_system)
 
 BUCKETS = (2, 5, 10, 20, 30)  # target seconds; 2 = one short utterance, as it comes
 PAUSE_SECONDS = 0.4
@@ -313,6 +316,15 @@ def build_systems(model_name: str, device: str, threads: int, compute_types=("fl
         system = isolated_faster_whisper_system(f"faster-whisper {compute}", ct2_dir, compute, threads, device)
         system.probe = ["--probe", "faster-whisper", "--model", str(ct2_dir), "--compute-type", compute]
         systems.append(system)
+    for file_type in ("f16", "q8_0"):
+        label = f"whisper.cpp {file_type}"
+        if device != "cpu":
+            systems.append(System(label, None, "skipped: pywhispercpp's wheel runs on the CPU only"))
+            continue
+        model_file = ggml_file(model_name, file_type)
+        system = isolated_whisper_cpp_system(label, model_file, threads)
+        system.probe = ["--probe", "whisper.cpp", "--model", str(model_file)]
+        systems.append(system)
     system = transformers_system("transformers greedy", model_name, device)
     system.probe = ["--probe", "transformers", "--model", model_name]
     systems.append(system)
@@ -419,7 +431,8 @@ def markdown(rows: List[dict], info: dict) -> str:
         f"{', '.join(str(b) for b in BUCKETS)} s) and {info['real_clips']} real recording(s), "
         f"{info['audio_seconds']:.0f} s of audio; {info['rounds']} interleaved round(s) after a warm-up. "
         f"{info['machine']}; {info['threads']} threads; torch {info['torch']}, openai-whisper {info['whisper']}, "
-        f"faster-whisper {info['faster_whisper']} (CTranslate2 {info['ctranslate2']}). Trained heads: "
+        f"faster-whisper {info['faster_whisper']} (CTranslate2 {info['ctranslate2']}), pywhispercpp "
+        f"{info.get('pywhispercpp', '-')}. Trained heads: "
         f"{', '.join(info['trained_heads']) or 'none'}. Load average at start {info['load_start']:.1f}, "
         f"at end {info['load_end']:.1f}. {info['date']}, {info['wall_seconds']:.0f} s.",
         "",
@@ -435,9 +448,13 @@ def markdown(rows: List[dict], info: dict) -> str:
         mem = f"{r['peak_rss_mb']:.0f}" if r.get("peak_rss_mb") else "-"
         if r.get("cuda_peak_mb"):
             mem += f" (+{r['cuda_peak_mb']:.0f} GPU)"
+        split = not math.isnan(r["encoder_seconds"])  # whisper.cpp's split is NaN when its timings were unreadable
         lines.append(f"| {r['system']} | {r['wer']:.2%} | {r['cer']:.2%} | {r['same_text_as_vanilla']:.0%} | {tps} | "
                      f"{r['encoder_seconds']:.2f} | {_decoder_cell(r)} | {r['e2e_seconds']:.2f} | "
-                     f"{_ratio(r, 'decoder_speedup', info)} | {_ratio(r, 'e2e_speedup', info)} | {mem} |")
+                     f"{_ratio(r, 'decoder_speedup', info)} | {_ratio(r, 'e2e_speedup', info)} | {mem} |"
+                     if split else
+                     f"| {r['system']} | {r['wer']:.2%} | {r['cer']:.2%} | {r['same_text_as_vanilla']:.0%} | {tps} | "
+                     f"- | - | {r['e2e_seconds']:.2f} | - | {_ratio(r, 'e2e_speedup', info)} | {mem} |")
     notes = [f"- {r['system']}: {r['note']}" + (f"; {r['draft_acceptance']:.0%} of the proposed tokens accepted"
                                                  if r.get("draft_acceptance") is not None else "")
              + (f"; {r['passes_per_window']:.1f} decoder passes per window, the draft "
@@ -576,7 +593,7 @@ def main() -> None:
                 real_clips=sum(c.bucket == "real" for c in clips), audio_seconds=sum(c.seconds for c in clips),
                 rounds=rounds, threads=args.threads, machine=machine(), torch=torch.__version__,
                 whisper=_version("openai-whisper"), faster_whisper=_version("faster-whisper"),
-                ctranslate2=_version("ctranslate2"), transformers=_version("transformers"),
+                ctranslate2=_version("ctranslate2"), pywhispercpp=_version("pywhispercpp"), transformers=_version("transformers"),
                 trained_heads=[f"weights/{f.name}" for f in heads_files if f.is_file()],
                 load_start=load_start, load_end=os.getloadavg()[0], quick=args.quick,
                 date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

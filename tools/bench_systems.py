@@ -2,7 +2,7 @@
 
 Every system is built by a function that imports only what that system needs, so that the memory
 probe (``python tools/bench_systems.py --probe SYSTEM ...``, run in a fresh process per system)
-measures faster-whisper without torch and openai-whisper without CTranslate2.
+measures faster-whisper and whisper.cpp without torch and openai-whisper without CTranslate2.
 
 Times, the same for every system:
 - encoder seconds: the log-Mel features plus the encoder, on one 30-s window (the clip padded);
@@ -169,16 +169,22 @@ def isolated_faster_whisper_system(name: str, model_dir: Path, compute_type: str
     which makes PyTorch as slow from the start). Users run one tool per process, and so does this
     bench now. The times are taken inside the worker, so the pipe costs nothing that is counted.
     """
+    return _isolated_system(name, ["--serve", "faster-whisper", "--model", str(model_dir), "--compute-type",
+                                   compute_type, "--threads", str(threads), "--device", device],
+                            f"CTranslate2 compute_type {compute_type} (in its own process)")
+
+
+def _isolated_system(name: str, serve_args: List[str], note: str) -> System:
+    """A system served by this file's ``--serve`` in a worker process: a clip in, a Run out."""
     import json
     import subprocess
 
-    argv = [sys.executable, str(Path(__file__).resolve()), "--serve", "faster-whisper", "--model", str(model_dir),
-            "--compute-type", compute_type, "--threads", str(threads), "--device", device]
+    argv = [sys.executable, str(Path(__file__).resolve()), *serve_args]
     worker = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     first = worker.stdout.readline().decode().strip()
     if first != "ready":
         worker.kill()
-        return System(name, None, first or "the faster-whisper worker did not start")
+        return System(name, None, first or f"the {serve_args[1]} worker did not start")
 
     def run(audio: np.ndarray) -> Run:
         data = np.ascontiguousarray(audio, dtype=np.float32).tobytes()
@@ -186,26 +192,119 @@ def isolated_faster_whisper_system(name: str, model_dir: Path, compute_type: str
         worker.stdin.flush()
         reply = worker.stdout.readline()
         if not reply:
-            raise RuntimeError(f"{name}: the faster-whisper worker stopped")
+            raise RuntimeError(f"{name}: the {serve_args[1]} worker stopped")
         return Run(**json.loads(reply))
 
-    return System(name, run, f"CTranslate2 compute_type {compute_type} (in its own process)")
+    return System(name, run, note)
+
+
+# -- whisper.cpp (pywhispercpp) -------------------------------------------------------------------------
+
+# whisper.cpp's whisper_full_params for the decoding every other row does: greedy at temperature 0
+# with no fallback (temperature_inc 0 leaves one temperature), no timestamps, English transcription,
+# no previous-text prompt, the non-speech tokens suppressed as whisper.decode's suppress_tokens="-1"
+# does. The no-speech test (which drops a window's text) and the entropy test are off: openai-whisper's
+# decode applies neither.
+WHISPER_CPP_GREEDY = dict(language="en", translate=False, detect_language=False, no_context=True, no_timestamps=True,
+                          single_segment=True, temperature=0.0, temperature_inc=0.0, greedy={"best_of": 1},
+                          suppress_blank=True, suppress_nst=True, no_speech_thold=1.0, entropy_thold=0.0,
+                          print_progress=False, print_realtime=False, print_timestamps=False, print_special=False)
+
+
+def ggml_file(model_name: str, file_type: str) -> Path:
+    """whisper.cpp's ggml file of ``model_name``'s weights (the ones every other row runs), written
+    under cache_dir()/ggml the first time and reused after."""
+    from medusa_whisper.paths import cache_dir
+
+    path = cache_dir() / "ggml" / f"{model_name}-{file_type}.bin"
+    if not path.is_file():
+        import medusa_whisper
+        from medusa_whisper.ggml import write_ggml
+
+        write_ggml(medusa_whisper.load_model(model_name, device="cpu"), path, file_type)
+    return path
+
+
+def whisper_cpp_system(name: str, model_file: Path, threads: int) -> System:
+    """whisper.cpp's ``whisper_full`` on a ggml file, through pywhispercpp's bindings, with
+    ``WHISPER_CPP_GREEDY``. Imports no torch.
+
+    The encoder/decoder split is whisper.cpp's own: its mel and encode timers (whisper_print_timings,
+    caught through its log callback) are the encoder seconds, the rest of the call the decoder's.
+    If that text cannot be read, the split is NaN and the table prints "-".
+    """
+    try:
+        import _pywhispercpp as pw
+    except ImportError:
+        return System(name, None, "not installed (pip install pywhispercpp, or `make bench` installs it)")
+    import atexit
+
+    log: List[str] = []
+    pw.whisper_log_set(lambda level, text: log.append(text))  # also keeps whisper.cpp's loading chatter quiet
+    context = pw.whisper_init_from_file_with_params(str(model_file), pw.whisper_context_default_params())
+    if context is None:
+        pw.whisper_log_set(None)
+        return System(name, None, f"whisper.cpp could not load {model_file}: {''.join(log[-3:]).strip()}")
+    # a Python log callback left in place at exit crashes the interpreter as it finalises
+    atexit.register(pw.whisper_log_set, None)
+    params = pw.whisper_full_default_params(pw.whisper_sampling_strategy.WHISPER_SAMPLING_GREEDY)
+    for key, value in dict(WHISPER_CPP_GREEDY, n_threads=threads).items():
+        setattr(params, key, value)
+    eot = pw.whisper_token_eot(context)
+
+    def run(audio: np.ndarray) -> Run:
+        samples = np.ascontiguousarray(audio, dtype=np.float32)
+        pw.whisper_reset_timings(context)
+        began = time.perf_counter()
+        if pw.whisper_full(context, params, samples, samples.size) != 0:
+            raise RuntimeError(f"{name}: whisper_full failed")
+        segments = range(pw.whisper_full_n_segments(context))
+        text = "".join(pw.whisper_full_get_segment_text(context, i).decode("utf-8", "replace") for i in segments)
+        total = time.perf_counter() - began
+        del log[:]
+        pw.whisper_print_timings(context)
+        encoder = _whisper_cpp_encoder_seconds("".join(log))
+        sampled = sum(pw.whisper_full_get_token_id(context, i, j) < eot
+                      for i in segments for j in range(pw.whisper_full_n_tokens(context, i)))
+        tokens = sampled + 1  # + end-of-text, as for whisper
+        return Run(text.strip(), encoder, total - encoder, total, tokens, tokens)
+
+    return System(name, run, f"whisper.cpp (pywhispercpp), {model_file.name}")
+
+
+def _whisper_cpp_encoder_seconds(timings: str) -> float:
+    """mel + encode seconds from whisper_print_timings' text; NaN when either line is missing."""
+    import re
+
+    found = {key: float(ms) for key, ms in re.findall(r"\b(mel|encode) time\s*=\s*([\d.]+) ms", timings)}
+    return (found["mel"] + found["encode"]) / 1000 if len(found) == 2 else float("nan")
+
+
+def isolated_whisper_cpp_system(name: str, model_file: Path, threads: int) -> System:
+    """``whisper_cpp_system`` in its own process, for the reason ``isolated_faster_whisper_system`` gives:
+    pywhispercpp's wheel also ships its own libgomp (and ggml's OpenMP threads spin while they wait)."""
+    return _isolated_system(name, ["--serve", "whisper.cpp", "--model", str(model_file), "--threads", str(threads)],
+                            f"whisper.cpp (pywhispercpp) on {model_file.name}, greedy, no timestamps "
+                            f"(in its own process)")
 
 
 def serve_main(argv: List[str]) -> None:
-    """The worker of ``isolated_faster_whisper_system``: a clip in (its byte count, a newline, float32
+    """The worker of ``_isolated_system``: a clip in (its byte count, a newline, float32
     samples), one JSON line of its Run out, until stdin closes. Imports no torch."""
     import json
     from dataclasses import asdict
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--serve", required=True, choices=("faster-whisper",))
+    parser.add_argument("--serve", required=True, choices=("faster-whisper", "whisper.cpp"))
     parser.add_argument("--model", required=True)
     parser.add_argument("--compute-type", default="int8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
-    system = faster_whisper_system("worker", Path(args.model), args.compute_type, args.threads, args.device)
+    if args.serve == "whisper.cpp":
+        system = whisper_cpp_system("worker", Path(args.model), args.threads)
+    else:
+        system = faster_whisper_system("worker", Path(args.model), args.compute_type, args.threads, args.device)
     out = sys.stdout
     if system.run is None:
         out.write(system.note.replace("\n", " ") + "\n")
@@ -369,8 +468,9 @@ def probe_main(argv: Optional[List[str]] = None) -> None:
     import soundfile as sf
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--probe", required=True, choices=("torch", "faster-whisper", "transformers"))
-    parser.add_argument("--model", required=True, help="model name (torch, transformers) or CTranslate2 folder")
+    parser.add_argument("--probe", required=True, choices=("torch", "faster-whisper", "whisper.cpp", "transformers"))
+    parser.add_argument("--model", required=True,
+                        help="model name (torch, transformers), CTranslate2 folder or ggml file (whisper.cpp)")
     parser.add_argument("--mode", default=None, help="medusa_whisper mode; none: whisper.decode")
     parser.add_argument("--draft", default=None, help="draft model name")
     parser.add_argument("--adaptive", action="store_true", help="adaptive lookahead for --draft")
@@ -380,7 +480,9 @@ def probe_main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("clips", nargs="+", type=Path)
     args = parser.parse_args(argv)
-    if args.probe == "faster-whisper":
+    if args.probe == "whisper.cpp":
+        system = whisper_cpp_system("probe", Path(args.model), args.threads)
+    elif args.probe == "faster-whisper":
         system = faster_whisper_system("probe", Path(args.model), args.compute_type or "int8", args.threads,
                                        args.device)
     else:
