@@ -21,7 +21,7 @@ import whisper.model
 from whisper.model import MultiHeadAttention, ResidualAttentionBlock, TextDecoder
 
 from .compute import projected_rows
-from .invariant_attention import INVARIANT_DTYPE, every_slot_mask, invariant_attention, row_invariant
+from .invariant_attention import every_slot_mask, invariant_attention, invariant_dtype, row_invariant
 from .kv_cache import CrossKV, StaticKVCache
 from .routes import WEIGHT_FIRST, WHISPER_ROUTE, route_for, weight_times_rows  # noqa: F401 (re-exported)
 
@@ -66,9 +66,10 @@ def block_caches(blocks, n_ctx: int, audio_features: Tensor) -> Tuple[StaticKVCa
     dtype, device = audio_features.dtype, audio_features.device
     fixed = row_invariant(blocks[0].attn)
     # fixed-length attention reads every slot (with weight 0 beyond the written ones): no garbage
-    self_attn = StaticKVCache(len(blocks), batch, n_ctx, n_state, INVARIANT_DTYPE if fixed else dtype, device,
-                              zeroed=fixed, n_head=blocks[0].attn.n_head if fixed else None)
-    cross_attn = CrossKV(blocks, audio_features, INVARIANT_DTYPE if row_invariant(blocks[0].cross_attn) else None)
+    self_attn = StaticKVCache(len(blocks), batch, n_ctx, n_state, invariant_dtype(blocks[0].attn) if fixed else dtype,
+                              device, zeroed=fixed, n_head=blocks[0].attn.n_head if fixed else None)
+    cross = blocks[0].cross_attn
+    cross_attn = CrossKV(blocks, audio_features, invariant_dtype(cross) if row_invariant(cross) else None)
     return self_attn, cross_attn
 
 

@@ -8,17 +8,22 @@ models used to attend one row at a time (``rows_alone``), which costs a pass ove
 -row passes of int8 base, 5 ms of it attention.
 
 This module's attention instead has one shape for every pass of a window, whatever its rows:
-- keys and values are stored in bfloat16 (half the bytes to stream: cross-attention reads 1,500
-  positions per layer in every pass), queries are cast to bfloat16, and the two products run as
-  bfloat16 matrix products, softmax in float32;
+- keys and values are stored in the model's invariant dtype: bfloat16 on CPUs with native
+  bfloat16 products (half the bytes to stream: cross-attention reads 1,500 positions per layer in
+  every pass), float32 elsewhere (emulated bfloat16 products made an AVX2 EPYC's int8 pass 2.7x
+  slower); queries are cast to it, the two products run as matrix products in it, softmax in
+  float32;
 - self-attention runs over every slot of the static cache (448), the unwritten ones masked, so a
   row's softmax and weighted sum have the same length whichever pass it is in;
 - a single row is multiplied as two (one row goes to a matrix-vector kernel that sums in another
-  order).
-Whether a CPU's bfloat16 kernels then give every row the same bits in a batch of 2 to
-``MAX_ROWS`` rows as alone is not a documented guarantee, so ``rows_are_invariant`` measures it
-once per process for the model's shapes; converted models use this attention only where it holds
-(compute.py), and a pass over more rows is split into groups of at most ``MAX_ROWS``.
+  order), and a pass over more rows is split into products of at most ``product_rows`` rows: the
+  most rows for which this CPU's kernels give every row the bits it gets alone (bfloat16 on an
+  AVX-512 EPYC: all 32 tried; float32 on an AVX2 EPYC: 3, beyond which MKL changes kernels).
+The products run per batch item (matrix products batch over the leading dimension), so a stream's
+rows get the same bits beside other streams' as alone: what batched decoding of many windows needs
+(PyTorch's fused attention kernel does not give that; measured on the AVX2 EPYC).
+None of this is a documented guarantee, so ``product_rows`` measures it once per process for the
+model's shapes; converted models use this attention only where it holds (compute.py).
 
 Departs from whisper, whose attention runs in the model's dtype over exactly the visible keys.
 """
@@ -31,39 +36,54 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-INVARIANT_DTYPE = torch.bfloat16
-MAX_ROWS = 32  # rows per product; the probe checks every count from 2 to this
+INVARIANT_DTYPE = torch.bfloat16  # where the CPU multiplies it natively (compute.invariant_dtype)
+MAX_ROWS = 32  # most rows per product; the probe checks every count from 2 to this
 
 
 def row_invariant(attn: nn.Module) -> bool:
     """Whether this attention module is set to attend with ``invariant_attention`` (compute.py sets it)."""
-    return getattr(attn, "row_invariant", False)
+    return bool(getattr(attn, "row_invariant", False))
+
+
+def invariant_dtype(attn: nn.Module) -> torch.dtype:
+    """The dtype this module's keys and values are kept in for ``invariant_attention``."""
+    return getattr(attn, "invariant_dtype", INVARIANT_DTYPE)
 
 
 def invariant_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, allowed: Optional[Tensor]) -> Tensor:
     """Attention of (batch, n_query, n_state) queries over keys and values, heads merged, float32 out.
 
-    k, v    : head-major (batch, n_head, n_key, d_head), in INVARIANT_DTYPE, as block_caches keeps them
-    allowed : (n_query, n_key) bool, True where a query may attend; None: every key
+    k, v    : head-major (batch, n_head, n_key, d_head), in the invariant dtype, as block_caches keeps them
+    allowed : (n_query, n_key) bool, True where a query may attend, or (batch, n_query, n_key) for a
+              mask per batch item (streams at different positions); None: every key
     """
     batch, n_query, n_state = q.shape
     d_head = n_state // n_head
+    chunk = product_rows(k.dtype, n_head, d_head, k.shape[2]) if n_query > 1 else 2
     # the scale 1/sqrt(d_head) (a power of two for whisper's 64) on the float32 query, as SDPA's default
     q = (q.view(batch, n_query, n_head, d_head).transpose(1, 2) * d_head ** -0.5).to(k.dtype)
-    outs = []
-    for first in range(0, n_query, MAX_ROWS):
-        rows = q[:, :, first:first + MAX_ROWS]
-        n = rows.shape[2]
-        if n == 1:
-            rows = rows.expand(batch, n_head, 2, d_head)
-        scores = (rows @ k.transpose(-1, -2)).float()
-        if allowed is not None:
-            part = allowed[first:first + MAX_ROWS]
-            scores.masked_fill_(~(part if n > 1 else part.expand(2, -1)), float("-inf"))
-        weights = scores.softmax(-1).to(v.dtype)
-        outs.append((weights @ v)[:, :, :n].float())
+    if allowed is not None and allowed.dim() == 2:
+        allowed = allowed.unsqueeze(0)  # (1 or batch, n_query, n_key)
+    outs = [_product(q[:, :, first:first + chunk], k, v, None if allowed is None else allowed[:, first:first + chunk])
+            for first in range(0, n_query, chunk)]
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-    return out.transpose(1, 2).reshape(batch, n_query, n_state)
+    return out.float().transpose(1, 2).reshape(batch, n_query, n_state)
+
+
+def _product(rows: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor]) -> Tensor:
+    """Attention of (batch, n_head, n, d_head) query rows, scaled and in k's dtype, over all of k and v.
+
+    allowed : (1 or batch, n, n_key) bool, or None
+    """
+    n = rows.shape[2]
+    if n == 1:  # a matrix-vector product sums in another order: one row goes as two
+        rows = rows.expand(-1, -1, 2, -1)
+        allowed = None if allowed is None else allowed.expand(-1, 2, -1)
+    # contiguous: float32 products of strided or stride-0 rows take a slow path (measured 50x on an AVX2 EPYC)
+    scores = (rows.contiguous() @ k.transpose(-1, -2)).float()
+    if allowed is not None:
+        scores.masked_fill_(~allowed.unsqueeze(1), float("-inf"))
+    return (scores.softmax(-1).to(v.dtype) @ v)[:, :, :n]
 
 
 def every_slot_mask(mask: Optional[Tensor], start: int, n: int, capacity: int) -> Tensor:
@@ -77,33 +97,69 @@ def every_slot_mask(mask: Optional[Tensor], start: int, n: int, capacity: int) -
 
 
 @functools.lru_cache(maxsize=None)
-def rows_are_invariant(n_head: int, d_head: int, n_self_keys: int, n_cross_keys: int, threads: int) -> bool:
-    """Measure, on this CPU with these kernels, that ``invariant_attention`` gives every row of a batch
-    of 2..MAX_ROWS rows the bits it gets alone: self-attention (causal masks over the cache's
-    slots) and cross-attention, batch 1 and 2. About 0.3 s for base on 2 cores."""
+def product_rows(dtype: torch.dtype, n_head: int, d_head: int, n_key: int) -> int:
+    """The most query rows (2..MAX_ROWS) one product of ``invariant_attention`` may take on this CPU:
+    every count from 2 up to it gives each row the bits it gets alone (0: not even 2). Measured once
+    per process for these shapes (``_invariant_up_to``); about 0.1-2 s for base on 2 cores."""
+    return _invariant_up_to(dtype, n_head, d_head, n_key, torch.get_num_threads())
+
+
+def _invariant_up_to(dtype: torch.dtype, n_head: int, d_head: int, n_key: int, threads: int) -> int:
     generator = torch.Generator().manual_seed(0)
 
     def randn(*shape):
         return torch.randn(*shape, generator=generator)
 
-    for batch in (1, 2):
-        q = randn(batch, MAX_ROWS, n_head * d_head)
-        for n_key in (n_self_keys, n_cross_keys):  # head-major, as StaticKVCache and CrossKV keep them
-            shape = (batch, n_head, n_key, d_head)
-            k, v = randn(*shape).to(INVARIANT_DTYPE), randn(*shape).to(INVARIANT_DTYPE)
-            allowed = None
-            if n_key == n_self_keys:  # row i sees keys [0, n_key // 2 + i], as in a causal pass
-                allowed = torch.zeros(MAX_ROWS, n_key, dtype=torch.bool)
-                for row in range(MAX_ROWS):
-                    allowed[row, :n_key // 2 + row + 1] = True
+    q = (randn(2, MAX_ROWS, n_head, d_head).transpose(1, 2) * d_head ** -0.5).to(dtype)
+    k, v = randn(2, n_head, n_key, d_head).to(dtype), randn(2, n_head, n_key, d_head).to(dtype)
+    allowed = torch.zeros(MAX_ROWS, n_key, dtype=torch.bool)  # row i sees keys [0, n_key // 2 + i]
+    for row in range(MAX_ROWS):
+        allowed[row, :n_key // 2 + row + 1] = True
 
-            def rows_of(first, n):
-                return invariant_attention(q[:, first:first + n], k, v, n_head,
-                                           None if allowed is None else allowed[first:first + n])
-            alone = [rows_of(i, 1) for i in range(MAX_ROWS)]
-            for n in range(2, MAX_ROWS + 1):
-                first = (n * 7) % (MAX_ROWS - n + 1)  # rows from different places of the batch
-                together = rows_of(first, n)
-                if not all(torch.equal(together[:, i:i + 1], alone[first + i]) for i in range(n)):
-                    return False
+    def product(first: int, n: int) -> Tensor:  # invariant_attention's inner step, rows [first, first + n)
+        return _product(q[:, :, first:first + n], k, v, allowed[None, first:first + n])
+
+    alone = [product(i, 1) for i in range(MAX_ROWS)]
+    best = 0
+    for n in range(2, MAX_ROWS + 1):
+        first = (n * 7) % (MAX_ROWS - n + 1)  # rows from different places of the batch
+        together = product(first, n)
+        if not all(torch.equal(together[:, :, i:i + 1], alone[first + i]) for i in range(n)):
+            break
+        best = n
+    return best
+
+
+@functools.lru_cache(maxsize=None)
+def rows_are_invariant(dtype: torch.dtype, n_head: int, d_head: int, n_self_keys: int, n_cross_keys: int,
+                       threads: int) -> bool:
+    """Measure, on this CPU with these kernels, that ``invariant_attention`` in ``dtype`` gives every row
+    the bits it gets alone: rows of one stream in passes of 2..MAX_ROWS rows (self-attention with causal
+    masks over the cache's slots, and cross-attention), and a stream beside other streams (batch 3
+    against batch 1, with a mask per stream). About 0.3-2 s for base on 2 cores."""
+    generator = torch.Generator().manual_seed(1)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    for n_key in (n_self_keys, n_cross_keys):
+        if product_rows(dtype, n_head, d_head, n_key) < 2:
+            return False
+    # streams side by side: batch 3 against each stream alone, one query row each at its own position
+    n_state = n_head * d_head
+    q = randn(3, 1, n_state)
+    for n_key in (n_self_keys, n_cross_keys):
+        shape = (3, n_head, n_key, d_head)
+        k, v = randn(*shape).to(dtype), randn(*shape).to(dtype)
+        allowed = None
+        if n_key == n_self_keys:
+            allowed = torch.zeros(3, 1, n_key, dtype=torch.bool)
+            for b, seen in enumerate((5, n_key // 2, n_key - 1)):
+                allowed[b, 0, :seen] = True
+        together = invariant_attention(q, k, v, n_head, allowed)
+        for b in range(3):
+            alone = invariant_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], n_head,
+                                        None if allowed is None else allowed[b:b + 1])
+            if not torch.equal(together[b:b + 1], alone):
+                return False
     return True

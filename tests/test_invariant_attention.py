@@ -5,12 +5,14 @@ import torch
 import torch.nn.functional as F
 
 import medusa_whisper
-from medusa_whisper.compute import apply_compute_type, cpu_has_bfloat16
+from medusa_whisper.compute import apply_compute_type, invariant_dtype
 from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project
 from medusa_whisper.invariant_attention import (INVARIANT_DTYPE, MAX_ROWS, every_slot_mask, invariant_attention,
-                                                rows_are_invariant)
+                                                product_rows, rows_are_invariant)
 
-needs_bfloat16 = pytest.mark.skipif(not cpu_has_bfloat16(), reason="no native bfloat16 products on this CPU")
+HERE = invariant_dtype()  # bfloat16 where the CPU multiplies it natively, else float32
+holds_here = pytest.mark.skipif(not rows_are_invariant(HERE, 8, 64, 448, 1500, torch.get_num_threads()),
+                                reason=f"{HERE} products on this CPU change a row's bits with its company")
 
 
 def test_it_is_attention():
@@ -34,27 +36,49 @@ def test_it_is_attention():
     assert single.sum().item() == 10 and bool(single[0, :10].all())
 
 
-def test_more_rows_than_one_product_are_split():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_more_rows_than_one_product_are_split(dtype):
     torch.manual_seed(1)
-    n = MAX_ROWS + 3
+    k = torch.randn(1, 2, 300, 64).to(dtype)
+    v = torch.randn(1, 2, 300, 64).to(dtype)
+    chunk = product_rows(dtype, 2, 64, 300)
+    assert 0 <= chunk <= MAX_ROWS
+    n = max(chunk, 2) + 3
     q = torch.randn(1, n, 128)
-    k = torch.randn(1, 2, 300, 64).to(INVARIANT_DTYPE)
-    v = torch.randn(1, 2, 300, 64).to(INVARIANT_DTYPE)
     whole = invariant_attention(q, k, v, 2, None)
     assert whole.shape == (1, n, 128)
-    assert torch.equal(whole[:, MAX_ROWS:], invariant_attention(q[:, MAX_ROWS:], k, v, 2, None))
+    if chunk >= 2:  # the rows after the first product are the same product on their own
+        assert torch.equal(whole[:, chunk:], invariant_attention(q[:, chunk:], k, v, 2, None))
 
 
-@needs_bfloat16
+def test_streams_side_by_side_get_what_they_get_alone():
+    """Batch items (different audio, different positions) through one call, against each alone."""
+    torch.manual_seed(4)
+    n_head, d_head, n_key = 8, 64, 448
+    q = torch.randn(3, 1, n_head * d_head)
+    k, v = torch.randn(3, n_head, n_key, d_head).to(HERE), torch.randn(3, n_head, n_key, d_head).to(HERE)
+    allowed = torch.zeros(3, 1, n_key, dtype=torch.bool)
+    for b, seen in enumerate((1, 70, 300)):
+        allowed[b, 0, :seen] = True
+    together = invariant_attention(q, k, v, n_head, allowed)
+    for b in range(3):
+        alone = invariant_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], n_head, allowed[b])
+        assert torch.allclose(together[b:b + 1], alone, atol=1e-2)  # the same attention
+    if rows_are_invariant(HERE, n_head, d_head, n_key, 1500, torch.get_num_threads()):
+        for b in range(3):
+            alone = invariant_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], n_head, allowed[b])
+            assert torch.equal(together[b:b + 1], alone), f"stream {b}"
+
+
+@holds_here
 def test_the_probe_holds_on_this_cpu_and_the_int8_decoder_uses_it():
-    assert rows_are_invariant(8, 64, 448, 1500, torch.get_num_threads())
     model = apply_compute_type(medusa_whisper.load_model("tiny.en", device="cpu"), "int8")
     assert all(b.attn.row_invariant and b.cross_attn.row_invariant for b in model.decoder.blocks)
     cache = new_cache(model.decoder, torch.zeros(1, 1500, model.dims.n_audio_state))
-    assert cache.self_attn.keys.dtype == INVARIANT_DTYPE and cache.cross_attn.keys[0].dtype == INVARIANT_DTYPE
+    assert cache.self_attn.keys.dtype == HERE and cache.cross_attn.keys[0].dtype == HERE
 
 
-@needs_bfloat16
+@holds_here
 def test_a_verified_row_gets_the_logits_it_gets_alone():
     """The whole int8 decoder pass, bit for bit: rows verified together (a chain of 7, then a tree
     whose rows see only their ancestors) against the same tokens fed one pass each."""

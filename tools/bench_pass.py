@@ -102,12 +102,36 @@ def pass_runner(model, features: Tensor, rows: int):
     return run, cache
 
 
-def aten_ops(fn) -> int:
+# the kernels that multiply (weights or attention), by ATen name; everything else is "other"
+PRODUCTS = ("aten::_weight_int8pack_mm", "aten::mm", "aten::addmm", "aten::linear", "onednn::qlinear",
+            "aten::_mkldnn", "mkldnn")
+# fused attention, or invariant_attention's batched products (the only 3-D products of a pass)
+ATTENTION = ("aten::_scaled_dot_product", "aten::bmm", "aten::_softmax")
+
+
+def profile_pass(fn, ms_per_pass: float, passes: int = 5) -> Dict[str, float]:
+    """The ATen operators one pass calls from Python, and where its time goes: each category's share of
+    the profiler's self time (products with weights; attention kernels, fused or as batched matrix
+    products; every other operator) applied to ``ms_per_pass``, the pass measured without the
+    profiler, whose own overhead would otherwise count."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     # operators called from Python, not those an operator calls inside itself
-    return sum(1 for e in prof.events() if e.name.startswith("aten::")
-               and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+    ops = sum(1 for e in prof.events() if e.name.startswith("aten::")
+              and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(passes):
+            fn()
+    split = {"products_ms": 0.0, "attention_ms": 0.0, "other_ms": 0.0}
+    for event in prof.key_averages():
+        if event.key.startswith(ATTENTION):
+            split["attention_ms"] += event.self_cpu_time_total
+        elif event.key.startswith(PRODUCTS):
+            split["products_ms"] += event.self_cpu_time_total
+        elif event.key.startswith(("aten::", "onednn::", "quantized::")):
+            split["other_ms"] += event.self_cpu_time_total
+    total = max(sum(split.values()), 1e-9)
+    return {"aten_ops": ops, **{k: round(v / total * ms_per_pass, 2) for k, v in split.items()}}
 
 
 def main() -> None:
@@ -148,16 +172,22 @@ def main() -> None:
                 floor_ms = total / bandwidth * 1e3
                 ms = statistics.median(times[t])
                 results.append({"compute_type": t, "rows": rows, "ms": round(ms, 2), "min_ms": round(min(times[t]), 2),
-                                "aten_ops": aten_ops(fn), "bytes": parts, "mb": round(total / 1e6, 1),
+                                **profile_pass(fn, ms), "bytes": parts, "mb": round(total / 1e6, 1),
                                 "gb_per_s": round(bandwidth / 1e9, 1), "floor_ms": round(floor_ms, 2),
                                 "x_floor": round(ms / floor_ms, 2)})
-                print(json.dumps(results[-1]), flush=True)
+                # how fast the kernels read what they multiply, against the bandwidth the floor assumes
+                r = results[-1]
+                r["products_gb_per_s"] = round((parts["weights"] + parts["projection"]) / max(r["products_ms"], 1e-3) / 1e6, 1)
+                r["attention_gb_per_s"] = round((parts["cross_kv"] + parts["self_kv"]) / max(r["attention_ms"], 1e-3) / 1e6, 1)
+                print(json.dumps(r), flush=True)
     print()
-    print("| compute type | rows | ms per pass | ATen ops | MB read | GB/s here | floor ms | x floor |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| compute type | rows | ms per pass | ATen ops | products / attention / other ms (profiler's shares) | MB read "
+          "| GB/s here | products, attention GB/s | floor ms | x floor |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(results, key=lambda r: (types.index(r["compute_type"]), r["rows"])):
-        print(f"| {r['compute_type']} | {r['rows']} | {r['ms']} | {r['aten_ops']} | {r['mb']} | {r['gb_per_s']} | "
-              f"{r['floor_ms']} | {r['x_floor']} |")
+        split = f"{r['products_ms']} / {r['attention_ms']} / {r['other_ms']}"
+        print(f"| {r['compute_type']} | {r['rows']} | {r['ms']} | {r['aten_ops']} | {split} | {r['mb']} | {r['gb_per_s']} | "
+              f"{r['products_gb_per_s']}, {r['attention_gb_per_s']} | {r['floor_ms']} | {r['x_floor']} |")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"machine": machine, "model": args.model, "threads": args.threads,
