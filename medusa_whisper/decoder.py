@@ -47,6 +47,10 @@ class DecoderCache:
     def compact(self, keep: List[int], start: int) -> None:
         self.self_attn.compact(keep, start)
 
+    def batch_items(self, first: int, stop: int) -> "DecoderCache":
+        """The cache of batch items [first, stop), sharing this one's storage."""
+        return DecoderCache(self.self_attn.batch_items(first, stop), self.cross_attn.batch_items(first, stop), self.dtype)
+
 
 def new_cache(decoder: TextDecoder, audio_features: Tensor) -> DecoderCache:
     """Allocate the self-attention buffers and compute the cross-attention keys/values once.
@@ -216,6 +220,39 @@ def decoder_hidden(
             block, x, cache.self_attn, i, start, cache.cross_attn.keys[i], cache.cross_attn.values[i], mask
         )
     return decoder.ln(x)
+
+
+def decoder_rows_step(decoder: TextDecoder, tokens: Tensor, positions: Tensor, cache: DecoderCache) -> Tensor:
+    """One new token per batch item, each at its own position: streams of different windows (each
+    with its audio's cross-attention keys and values in its batch item) advanced by one pass.
+
+    tokens, positions : shape = (batch,); item b's token goes to cache slot ``positions[b]`` and sees
+                        slots [0, positions[b]]
+    returns           : shape = (batch, n_state), post-LayerNorm states
+
+    With row-invariant attention (the int8 decoder, invariant_attention.py) every item gets the bits
+    a pass over its stream alone gets; with PyTorch's fused attention (float32) the last bits may differ.
+    """
+    batch = tokens.shape[0]
+    x = (decoder.token_embedding(tokens[:, None]) + decoder.positional_embedding[positions][:, None]).to(cache.dtype)
+    kv = cache.self_attn
+    fixed = row_invariant(decoder.blocks[0].attn)
+    n_keys = kv.capacity if fixed else int(positions.max()) + 1  # every slot, or the longest stream's
+    allowed = torch.arange(n_keys, device=tokens.device)[None, :] <= positions[:, None]  # (batch, n_keys)
+    mask = allowed[:, None, :] if fixed else allowed[:, None, None, :]  # invariant_attention's, SDPA's
+    for i, block in enumerate(decoder.blocks):
+        h = block.attn_ln(x)
+        q, k, v = self_attention_qkv(block.attn, h)
+        kv.write_rows(i, positions, k, v)
+        if fixed:
+            keys, values = kv.keys[i], kv.values[i]
+        else:
+            keys, values = kv.keys[i, :, :n_keys], kv.values[i, :, :n_keys]
+        x = x + attend(block.attn, h, keys, values, mask, q=q)
+        x = x + attend(block.cross_attn, block.cross_attn_ln(x), cache.cross_attn.keys[i], cache.cross_attn.values[i],
+                       None)
+        x = x + _mlp(block.mlp, block.mlp_ln(x))
+    return decoder.ln(x)[:, 0]
 
 
 # owner module -> ((weight identity and version, dtype, rows_key), its transposed rows)

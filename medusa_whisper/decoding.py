@@ -319,18 +319,29 @@ def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions, dra
     if options.task == "lang_id":
         return MedusaDecodingResult(**common, encode_seconds=encode_seconds, mode=options.mode)
 
-    filters = list(task.logit_filters)
-    if options.regulation_start is not None:
-        filters.append(ExponentialDecayLengthPenalty(
-            tokenizer.eot, task.sample_begin, options.regulation_start, options.regulation_factor))
-
+    filters = window_filters(task, options)
     began = time.perf_counter()
     proposer = make_proposer(model, task, audio_features, languages[0], options, draft, draft_mel)
     gen = _generate(model, task, audio_features, initial[0].tolist(), filters, options, proposer)
     _sync(audio_features.device)
     decode_seconds = time.perf_counter() - began
     stats = proposer.stats if proposer is not None else ProposerStats()
+    return window_result(task, options, common, gen, stats, encode_seconds, decode_seconds)
 
+
+def window_filters(task: DecodingTask, options: MedusaDecodingOptions) -> List[LogitFilter]:
+    """whisper's logit filters for this task, and the optional length penalty on end-of-text."""
+    filters = list(task.logit_filters)
+    if options.regulation_start is not None:
+        filters.append(ExponentialDecayLengthPenalty(
+            task.tokenizer.eot, task.sample_begin, options.regulation_start, options.regulation_factor))
+    return filters
+
+
+def window_result(task: DecodingTask, options: MedusaDecodingOptions, common: dict, gen: _Generation,
+                  stats: ProposerStats, encode_seconds: float, decode_seconds: float) -> MedusaDecodingResult:
+    """whisper's result fields from one window's tokens, as ``whisper.decode`` computes them."""
+    tokenizer = task.tokenizer
     sampled = gen.tokens[task.sample_begin:]
     text_tokens = sampled[: sampled.index(tokenizer.eot)] if tokenizer.eot in sampled else sampled
     text = tokenizer.decode(text_tokens).strip()

@@ -76,6 +76,27 @@ class StaticKVCache:
             self.values[dst] = self.values.index_select(self.slot_dim, src)
         self.length = start + len(keep)
 
+    def batch_items(self, first: int, stop: int) -> "StaticKVCache":
+        """A cache over batch items [first, stop) of this one, sharing its storage (a view: writes go
+        here). Batched decoding gives each stream its item and runs a window's prompt on it alone."""
+        view = object.__new__(StaticKVCache)
+        view.keys, view.values = self.keys[:, first:stop], self.values[:, first:stop]
+        view.n_head, view.slot_dim, view.length = self.n_head, self.slot_dim, 0
+        return view
+
+    def write_rows(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store one new token per batch item, item b's at slot ``positions[b]``: streams of different
+        windows side by side, each at its own position. k, v : (batch, 1, n_state). The length is
+        per item here, so ``length`` is left to the caller (batched.py keeps each stream's)."""
+        items = torch.arange(k.shape[0], device=k.device)
+        if self.n_head is None:
+            self.keys[layer, items, positions] = k[:, 0]
+            self.values[layer, items, positions] = v[:, 0]
+        else:
+            batch, _, n_state = k.shape
+            self.keys[layer, items, :, positions] = k.view(batch, self.n_head, -1)
+            self.values[layer, items, :, positions] = v.view(batch, self.n_head, -1)
+
 
 class CrossKV:
     """Cross-attention keys and values, computed once per audio from the encoder output.
@@ -96,6 +117,19 @@ class CrossKV:
                                    for b in blocks]
         self.values: List[Tensor] = [_head_major(b.cross_attn.value(audio_features), b.cross_attn.n_head, dtype)
                                      for b in blocks]
+
+
+    def batch_items(self, first: int, stop: int) -> "CrossKV":
+        """The keys and values of batch items [first, stop), sharing this one's storage."""
+        view = object.__new__(CrossKV)
+        view.keys = [k[first:stop] for k in self.keys]
+        view.values = [v[first:stop] for v in self.values]
+        return view
+
+    def put(self, item: int, other: "CrossKV") -> None:
+        """Copy ``other``'s (one audio's) keys and values into batch item ``item``."""
+        for mine, theirs in zip(self.keys + self.values, other.keys + other.values):
+            mine[item].copy_(theirs[0])
 
 
 def _centred(keys: Tensor) -> Tensor:

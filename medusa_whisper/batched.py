@@ -1,0 +1,195 @@
+"""Greedy decoding of many windows side by side: one decoder pass advances every stream by a token.
+
+A decoder pass on a CPU is bound by reading weights; a pass over B streams reads them once. Each
+stream (one 30-s window) has its own batch item in one preallocated cache: its own audio's
+cross-attention keys and values, its own self-attention slots, position, logit filters, prompt and
+stopping rule. When a stream ends, the next waiting window takes its item at once (continuous
+batching), so the batch stays full while there is work.
+
+Each window's result is the one ``decoding.decode`` gives it alone with ``mode="off"`` (and so with
+``mode="lossless"``, which gives greedy's tokens): its encoder pass, language detection and prompt
+pass run on it alone, and its single-token steps run batched through ``decoder.decoder_rows_step``,
+whose int8 attention and products give a stream the bits it gets alone (invariant_attention.py,
+``_weight_int8pack_mm``). float32's products do not promise that: there a batched window may differ
+from the window alone in the last bits of its logits, and rarely in a token.
+
+Departs from whisper (``whisper.decode`` on a batch of windows runs them in lock step, with the same
+prompt, until the longest ends): windows of different files, prompts and lengths share passes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+from whisper.decoding import DecodingTask
+from whisper.model import Whisper
+
+from .decoder import DecoderCache, block_caches, chain_mask, decoder_hidden, decoder_rows_step, new_cache, project
+from .decoding import (MedusaDecodingOptions, MedusaDecodingResult, _Generation, as_medusa_options, verify,
+                       window_filters, window_result)
+from .drafting.base import ProposerStats
+from .drafting.tree import CandidateTree
+
+
+def batchable(options: MedusaDecodingOptions) -> bool:
+    """Whether a window with these options decodes to greedy's tokens: temperature 0, no beam search,
+    no speculation that could change the tokens (``typical``) and no lossy shortcut."""
+    return (options.temperature == 0 and options.beam_size is None and options.mode in ("off", "lossless")
+            and options.lossy_ctc_entropy is None and options.task != "lang_id")
+
+
+@dataclass
+class _Stream:
+    """One window being decoded in a batch item."""
+
+    key: object
+    task: DecodingTask
+    options: MedusaDecodingOptions
+    common: dict  # the result's audio_features, language and language_probs
+    filters: list
+    tokens: List[int]
+    limit: int  # whisper's two stopping rules: sample length and context
+    encode_seconds: float
+    began: float
+    sum_logprob: float = 0.0
+    no_speech_prob: float = float("nan")
+    steps: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.tokens[-1] == self.task.tokenizer.eot or len(self.tokens) >= self.limit
+
+    def take(self, logits: Tensor) -> None:
+        """Greedy's next token from this stream's logits (1, n_vocab), filtered as ``_generate`` does."""
+        verdict = verify(logits, _NO_TREE, self.tokens, self.filters, self.options, self.task.tokenizer.eot,
+                         self.limit - len(self.tokens))
+        self.tokens += verdict.tokens
+        self.sum_logprob += verdict.logprob
+        self.steps += 1
+
+    def result(self) -> MedusaDecodingResult:
+        gen = _Generation(self.tokens, self.sum_logprob, self.no_speech_prob, self.steps)
+        return window_result(self.task, replace_mode(self.options), self.common, gen, ProposerStats(),
+                             self.encode_seconds, time.perf_counter() - self.began)
+
+
+_NO_TREE = CandidateTree()
+
+
+def replace_mode(options: MedusaDecodingOptions) -> MedusaDecodingOptions:
+    return as_medusa_options(options, mode="off")
+
+
+class BatchDecoder:
+    """Decodes windows greedily, up to ``batch_size`` of them side by side in one pass.
+
+    ``run(source, sink)`` asks ``source()`` for the next window whenever a batch item is free (None:
+    none waiting now) and hands each result to ``sink(key, result)``, which may make more windows
+    available (the next window of a file waits for its previous one's text and end).
+    """
+
+    def __init__(self, model: Whisper, batch_size: int):
+        if batch_size < 1:
+            raise ValueError(f"batch size must be at least 1, not {batch_size}")
+        self.model, self.batch_size = model, batch_size
+        self.passes = 0  # batched decoder passes, for the statistics
+        self.rows = 0  # streams advanced, summed over those passes
+
+    def _base_state(self, hidden: Tensor) -> Tensor:
+        """What the vocabulary projection reads: the decoder's state, or what a Medusa model's heads
+        make of it (as ``decoding._generate`` projects)."""
+        heads = getattr(self.model, "medusa", None)
+        return heads.base_state(hidden) if heads is not None else hidden
+
+    def _empty_cache(self) -> DecoderCache:
+        decoder = self.model.decoder
+        dims = self.model.dims
+        features = torch.zeros(self.batch_size, dims.n_audio_ctx, dims.n_audio_state, device=self.model.device)
+        self_attn, cross_attn = block_caches(decoder.blocks, decoder.positional_embedding.shape[0], features)
+        return DecoderCache(self_attn=self_attn, cross_attn=cross_attn, dtype=features.dtype)
+
+    @torch.no_grad()
+    def run(self, source: Callable[[], Optional[Tuple[object, Tensor, MedusaDecodingOptions]]],
+            sink: Callable[[object, MedusaDecodingResult], None]) -> None:
+        cache = self._empty_cache()
+        streams: List[Optional[_Stream]] = [None] * self.batch_size
+        while True:
+            for item in range(self.batch_size):
+                while streams[item] is None:
+                    request = source()
+                    if request is None:
+                        break
+                    stream = self._start(cache, item, *request)
+                    if stream.done:  # ended on its prompt pass (end-of-text first, or no room)
+                        sink(stream.key, stream.result())
+                    else:
+                        streams[item] = stream
+            active = [i for i, s in enumerate(streams) if s is not None]
+            if not active:
+                return
+            # the items in use, as one contiguous run when they are (a view), else gathered per pass
+            first, stop = active[0], active[-1] + 1
+            view = cache.batch_items(first, stop)
+            rows = [streams[i] for i in range(first, stop)]
+            device = self.model.device
+            tokens = torch.tensor([s.tokens[-1] if s is not None else 0 for s in rows], device=device)
+            positions = torch.tensor([len(s.tokens) - 1 if s is not None else 0 for s in rows], device=device)
+            hidden = decoder_rows_step(self.model.decoder, tokens, positions, view)
+            logits = project(self.model.decoder, self._base_state(hidden))  # (items, n_vocab)
+            self.passes += 1
+            self.rows += len(active)
+            for offset, stream in enumerate(rows):
+                if stream is None:
+                    continue
+                stream.take(logits[offset:offset + 1])
+                if stream.done:
+                    streams[first + offset] = None
+                    sink(stream.key, stream.result())
+
+    def _start(self, cache: DecoderCache, item: int, key, mel: Tensor, options: MedusaDecodingOptions) -> _Stream:
+        """Encode one window alone, put its cross-attention keys and values in ``item``, run its prompt
+        pass there alone and take its first token (``decoding._decode_one`` and ``_generate``'s first pass)."""
+        model = self.model
+        options = as_medusa_options(options)
+        task = DecodingTask(model, options)
+        began = time.perf_counter()
+        mel = mel.unsqueeze(0) if mel.ndim == 2 else mel
+        audio_features = task._get_audio_features(mel)
+        encode_seconds = time.perf_counter() - began
+        initial = torch.tensor([task.initial_tokens])
+        languages, language_probs = task._detect_language(audio_features, initial)
+        common = dict(audio_features=audio_features[0], language=languages[0],
+                      language_probs=language_probs[0] if language_probs else None)
+        began = time.perf_counter()
+        alone = new_cache(model.decoder, audio_features)  # its keys and values, computed for it alone
+        cache.cross_attn.put(item, alone.cross_attn)
+        mine = cache.batch_items(item, item + 1)
+        mine.self_attn.keys.zero_(), mine.self_attn.values.zero_()  # as a fresh cache is for attention over every slot
+        tokens = initial[0].tolist()
+        limit = min(task.sample_begin + task.sample_len, task.n_ctx + 1)
+        stream = _Stream(key, task, options, common, window_filters(task, options), tokens, limit, encode_seconds,
+                         began)
+        base_state = self._base_state
+        n = len(tokens)
+        positions = torch.arange(n, device=model.device)
+        hidden = decoder_hidden(model.decoder, initial.to(model.device), positions, mine, 0,
+                                chain_mask(0, n, model.device))
+        if task.tokenizer.no_speech is not None:
+            sot_logits = project(model.decoder, base_state(hidden[:, task.sot_index]))
+            stream.no_speech_prob = float(sot_logits.softmax(dim=-1)[0, task.tokenizer.no_speech])
+        stream.take(project(model.decoder, base_state(hidden[0, n - 1:])))
+        return stream
+
+
+def decode_windows(model: Whisper, windows: Iterable[Tuple[object, Tensor, MedusaDecodingOptions]],
+                   batch_size: int) -> Iterator[Tuple[object, MedusaDecodingResult]]:
+    """Decode independent windows (key, log-Mel, options) side by side; yields (key, result) as they end."""
+    pending = iter(windows)
+    finished: List[Tuple[object, MedusaDecodingResult]] = []
+    decoder = BatchDecoder(model, batch_size)
+    decoder.run(lambda: next(pending, None), lambda key, result: finished.append((key, result)))
+    yield from finished

@@ -1,0 +1,75 @@
+"""Windows decoded side by side (batched.py) get what each gets decoded alone."""
+
+import pytest
+import torch
+import whisper
+
+import medusa_whisper
+from medusa_whisper.batched import BatchDecoder, batchable, decode_windows
+from medusa_whisper.decoding import MedusaDecodingOptions, decode
+
+CLIPS = ["tests/data/real/jfk.flac", "tests/data/espeak_weather.flac", "tests/data/flite_recipe.flac",
+         "tests/data/espeak_meeting.flac", "tests/data/flite_train.flac"]
+
+
+@pytest.fixture(scope="module")
+def mels():
+    return [whisper.log_mel_spectrogram(whisper.pad_or_trim(whisper.load_audio(f)), 80) for f in CLIPS]
+
+
+def _windows(mels):
+    """Seven windows of five clips, with and without timestamps, a prompt, and one that must stop
+    after a single token (it ends on its prompt pass), so streams end at different steps and items
+    are refilled."""
+    plain = MedusaDecodingOptions(mode="off", fp16=False, language="en")
+    variants = [plain, MedusaDecodingOptions(mode="off", fp16=False, language="en", without_timestamps=True,
+                                             prompt=[440, 2068, 7586]),
+                MedusaDecodingOptions(mode="lossless", fp16=False, language="en", sample_len=1)]
+    return [(i, mels[i % len(mels)], variants[i % len(variants)]) for i in range(7)]
+
+
+def test_int8_windows_side_by_side_equal_each_alone_bit_for_bit(mels):
+    model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    windows = _windows(mels)
+    alone = {key: decode(model, mel, options) for key, mel, options in windows}
+    together = dict(decode_windows(model, windows, batch_size=3))
+    assert sorted(together) == sorted(alone)
+    for key, expected in alone.items():
+        got = together[key]
+        assert got.tokens == expected.tokens, key
+        # the same logits, not just the same argmax: the sums of log-probabilities are equal too
+        assert got.avg_logprob == expected.avg_logprob and got.no_speech_prob == expected.no_speech_prob, key
+        assert (got.text, got.language, got.temperature) == (expected.text, expected.language, expected.temperature)
+    assert len(together[2].tokens) <= 1  # the one-token window
+
+
+def test_float32_windows_side_by_side_give_the_same_text(mels):
+    """float32's products are not row-invariant, so only the text is compared (equal on these clips)."""
+    model = medusa_whisper.load_model("tiny.en", device="cpu")
+    windows = _windows(mels)[:4]
+    together = dict(decode_windows(model, windows, batch_size=4))
+    for key, mel, options in windows:
+        assert together[key].text == decode(model, mel, options).text, key
+
+
+def test_a_batch_runs_as_few_passes_as_its_longest_window_needs(mels):
+    model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    windows = [(i, mels[i], MedusaDecodingOptions(mode="off", fp16=False, language="en")) for i in range(4)]
+    results = {}
+    batch = BatchDecoder(model, batch_size=4)
+    queue = list(windows)
+    batch.run(lambda: queue.pop(0) if queue else None, results.__setitem__)
+    longest = max(len(r.tokens) for r in results.values())
+    # every window's prompt pass yields its first token; one batched pass per further token
+    assert batch.passes <= longest + 2
+    assert batch.rows == sum(r.decoder_steps - 1 for r in results.values())
+
+
+def test_what_can_be_batched():
+    base = MedusaDecodingOptions(fp16=False)
+    assert batchable(base) and batchable(MedusaDecodingOptions(mode="off"))
+    assert not batchable(MedusaDecodingOptions(mode="typical"))
+    assert not batchable(MedusaDecodingOptions(temperature=0.2))
+    assert not batchable(MedusaDecodingOptions(beam_size=5))
+    with pytest.raises(ValueError):
+        BatchDecoder(None, 0)
