@@ -21,7 +21,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Generator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import tqdm
@@ -96,9 +96,25 @@ class _Thresholds:
         return not (self.logprob is not None and result.avg_logprob > self.logprob)
 
 
-def _decode_with_fallback(model, mel_segment: torch.Tensor, decode_options: dict, medusa_options: dict,
-                          temperatures: Sequence[float], thresholds: _Thresholds,
-                          stats: TranscriptionStats, draft_mel: Optional[torch.Tensor]) -> MedusaDecodingResult:
+@dataclass
+class WindowRequest:
+    """One window to decode, as a transcription asks for it: ``decode(model, mel, options, draft_mel=...)``."""
+
+    mel: torch.Tensor
+    options: MedusaDecodingOptions
+    draft_mel: Optional[torch.Tensor] = None
+
+
+# A transcription in progress: yields the windows it needs decoded, is sent each one's result, and
+# returns whisper's result dict. ``transcribe`` decodes its windows one by one; ``transcribe_many``
+# decodes the windows of several files side by side (batched.py).
+Transcription = Generator[WindowRequest, MedusaDecodingResult, dict]
+
+
+def _decode_with_fallback(mel_segment: torch.Tensor, decode_options: dict, medusa_options: dict,
+                          temperatures: Sequence[float], thresholds: _Thresholds, stats: TranscriptionStats,
+                          draft_mel: Optional[torch.Tensor]) -> Generator[WindowRequest, MedusaDecodingResult,
+                                                                          MedusaDecodingResult]:
     """Decode at each temperature in turn until the result passes the thresholds (whisper's rule)."""
     result = None
     for i, t in enumerate(temperatures):
@@ -109,7 +125,7 @@ def _decode_with_fallback(model, mel_segment: torch.Tensor, decode_options: dict
         else:
             kwargs.pop("best_of", None)
         options = as_medusa_options(DecodingOptions(**kwargs, temperature=t), **medusa_options)
-        result = decode(model, mel_segment, options, draft_mel=draft_mel)
+        result = yield WindowRequest(mel_segment, options, draft_mel)
         stats.add(result)
         stats.fallback_windows += i == 1
         if not thresholds.needs_fallback(result):
@@ -295,6 +311,52 @@ def transcribe(
                a bar is shown when ``verbose`` is False, as whisper does
     returns  : whisper's dict (``text``, ``segments``, ``language``) plus ``medusa`` statistics
     """
+    return run_transcription(transcription(model, audio, verbose=verbose, temperature=temperature,
+                                           compression_ratio_threshold=compression_ratio_threshold,
+                                           logprob_threshold=logprob_threshold,
+                                           no_speech_threshold=no_speech_threshold,
+                                           condition_on_previous_text=condition_on_previous_text,
+                                           initial_prompt=initial_prompt, carry_initial_prompt=carry_initial_prompt,
+                                           word_timestamps=word_timestamps, prepend_punctuations=prepend_punctuations,
+                                           append_punctuations=append_punctuations, clip_timestamps=clip_timestamps,
+                                           hallucination_silence_threshold=hallucination_silence_threshold,
+                                           progress=progress, **decode_options),
+                             lambda request: decode(model, request.mel, request.options, draft_mel=request.draft_mel))
+
+
+def run_transcription(steps: Transcription, decode_window: Callable[[WindowRequest], MedusaDecodingResult]) -> dict:
+    """Drive a transcription to its end, decoding each window it asks for with ``decode_window``."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(decode_window(request))
+    except StopIteration as end:
+        return end.value
+
+
+def transcription(
+    model,
+    audio: Union[AudioInput, Path],
+    *,
+    verbose: Optional[bool] = None,
+    temperature: Union[float, Tuple[float, ...]] = DEFAULT_TEMPERATURES,
+    compression_ratio_threshold: Optional[float] = 2.4,
+    logprob_threshold: Optional[float] = -1.0,
+    no_speech_threshold: Optional[float] = 0.6,
+    condition_on_previous_text: bool = True,
+    initial_prompt: Optional[str] = None,
+    carry_initial_prompt: bool = False,
+    word_timestamps: bool = False,
+    prepend_punctuations: str = PREPEND_PUNCTUATIONS,
+    append_punctuations: str = APPEND_PUNCTUATIONS,
+    clip_timestamps: Union[str, List[float]] = "0",
+    hallucination_silence_threshold: Optional[float] = None,
+    progress: Optional[Callable[..., tqdm.tqdm]] = None,
+    **decode_options,
+) -> Transcription:
+    """``transcribe``'s work as a generator of the windows it needs decoded (see ``Transcription``);
+    the same arguments. Nothing runs until the first ``next``: bad options and unreadable audio
+    raise there."""
     medusa_options = {k: decode_options.pop(k) for k in list(decode_options) if k in MEDUSA_ONLY_OPTIONS}
     as_medusa_options(MedusaDecodingOptions(), **medusa_options)  # reject bad values before any work
 
@@ -311,20 +373,20 @@ def transcribe(
         # a draft model with another front end (e.g. 80 bins for large-v3's 128) gets its own frames
         draft_frames = (LogMelFrames(samples, draft.dims.n_mels)
                         if draft is not None and draft.dims.n_mels != model.dims.n_mels else None)
-        return _transcribe_frames(
+        return (yield from _transcribe_frames(
             model, mel, draft_frames=draft_frames, verbose=verbose, temperatures=[temperature] if isinstance(temperature, (int, float)) else list(temperature),
             thresholds=_Thresholds(compression_ratio_threshold, logprob_threshold, no_speech_threshold),
             condition_on_previous_text=condition_on_previous_text, initial_prompt=initial_prompt,
             carry_initial_prompt=carry_initial_prompt, word_timestamps=word_timestamps,
             punctuations=(prepend_punctuations, append_punctuations), clip_timestamps=clip_timestamps,
             hallucination_silence_threshold=hallucination_silence_threshold, progress=progress, dtype=dtype,
-            decode_options=decode_options, medusa_options=medusa_options)
+            decode_options=decode_options, medusa_options=medusa_options))
 
 
 def _transcribe_frames(model, mel: LogMelFrames, *, draft_frames: Optional[LogMelFrames], verbose, temperatures, thresholds: _Thresholds,
                        condition_on_previous_text, initial_prompt, carry_initial_prompt, word_timestamps,
                        punctuations, clip_timestamps, hallucination_silence_threshold, progress, dtype,
-                       decode_options: dict, medusa_options: dict) -> dict:
+                       decode_options: dict, medusa_options: dict) -> Transcription:
     content_frames = mel.content_frames
     content_duration = content_frames * HOP_LENGTH / SAMPLE_RATE
     stats = TranscriptionStats()
@@ -378,8 +440,8 @@ def _transcribe_frames(model, mel: LogMelFrames, *, draft_frames: Optional[LogMe
 
                 draft_mel = window_mel(window.seek, window.size, draft_frames) if draft_frames is not None else None
                 stats.windows += 1
-                result = _decode_with_fallback(model, mel_segment, decode_options, medusa_options,
-                                               temperatures, thresholds, stats, draft_mel)
+                result = yield from _decode_with_fallback(mel_segment, decode_options, medusa_options,
+                                                          temperatures, thresholds, stats, draft_mel)
                 if thresholds.is_silence(result):
                     seek += window.size  # fast-forward to the next window
                     bar.update(_seconds(window.size))
@@ -428,3 +490,64 @@ def _transcribe_frames(model, mel: LogMelFrames, *, draft_frames: Optional[LogMe
 
 def _seconds(frames: int) -> float:
     return round(frames * HOP_LENGTH / SAMPLE_RATE, 2)
+
+
+def transcribe_many(model, audios: Sequence[Union[AudioInput, Path]], *, batch_size: int = 8,
+                    on_done: Optional[Callable[[int, Optional[dict], Optional[Exception]], None]] = None,
+                    **options) -> List[Optional[dict]]:
+    """Transcribe several recordings, their greedy windows decoded side by side (batched.py).
+
+    Each recording is transcribed as ``transcribe`` does (the same options, the same sequential rule
+    within it: a window waits for its previous one's text and end), and gets the result it gets
+    alone: bit for bit at int8, where a batched row equals the row alone (see batched.py). Up to
+    ``batch_size`` recordings are open at once, so memory stays flat in their number. Windows that
+    need sampling or beam search (the temperature fallback, ``beam_size``) are decoded alone as
+    they come.
+
+    on_done : called with (index, result, None) as each recording ends, or (index, None, error) when
+              it fails with a MedusaWhisperError (the others go on); without it the error is raised
+    returns : the results in input order (None for a failed recording)
+    """
+    from .batched import BatchDecoder, batchable
+    from .errors import MedusaWhisperError
+
+    results: List[Optional[dict]] = [None] * len(audios)
+    options.setdefault("progress", lambda **kw: tqdm.tqdm(**kw, disable=True))  # one bar per file would interleave
+    waiting = iter(range(len(audios)))  # recordings not yet opened
+    running = {}  # index -> its transcription
+    queue: List[Tuple[int, WindowRequest]] = []  # windows waiting for a batch item
+
+    def advance(index: int, result: Optional[MedusaDecodingResult]) -> None:
+        """Send a window's result (None: start) and queue the next window, decoding alone the ones
+        that cannot be batched, until the recording asks for a batchable window or ends."""
+        steps = running[index]
+        try:
+            request = next(steps) if result is None else steps.send(result)
+            while not batchable(request.options) or request.draft_mel is not None:
+                request = steps.send(decode(model, request.mel, request.options, draft_mel=request.draft_mel))
+        except StopIteration as end:
+            del running[index]
+            results[index] = end.value
+            if on_done is not None:
+                on_done(index, end.value, None)
+            return
+        except MedusaWhisperError as error:
+            del running[index]
+            if on_done is None:
+                raise
+            on_done(index, None, error)
+            return
+        queue.append((index, request))
+
+    def source():
+        while not queue:
+            index = next(waiting, None)
+            if index is None:
+                return None
+            running[index] = transcription(model, audios[index], **options)
+            advance(index, None)
+        index, request = queue.pop(0)
+        return index, request.mel, request.options
+
+    BatchDecoder(model, batch_size).run(source, advance)
+    return results

@@ -73,3 +73,27 @@ def test_what_can_be_batched():
     assert not batchable(MedusaDecodingOptions(beam_size=5))
     with pytest.raises(ValueError):
         BatchDecoder(None, 0)
+
+
+def test_recordings_transcribed_side_by_side_equal_each_alone_and_a_bad_one_does_not_stop_them(tmp_path):
+    """Long and short recordings (a long one keeps whisper's window-after-window rule within itself),
+    and a file that is not audio: each good one's segments equal ``transcribe`` alone, at int8."""
+    from medusa_whisper.transcribe import transcribe, transcribe_many
+
+    model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    audio = [whisper.load_audio(f) for f in CLIPS]
+    import numpy as np
+
+    long_one = np.concatenate(audio + audio[:2])  # over 30 s: windows one after another, prompted by the last
+    bad = tmp_path / "not_audio.wav"
+    bad.write_bytes(b"this is not audio")
+    inputs = [long_one, CLIPS[1], str(bad), CLIPS[0], audio[4]]
+    failures = []
+    many = transcribe_many(model, inputs, batch_size=3, fp16=False,
+                           on_done=lambda i, result, error: failures.append(i) if error is not None else None)
+    assert failures == [2] and many[2] is None
+    for i in (0, 1, 3, 4):
+        alone = transcribe(model, inputs[i], fp16=False)
+        assert many[i]["segments"] == alone["segments"], i
+        assert many[i]["text"] == alone["text"]
+    assert len({s["seek"] for s in many[0]["segments"]}) >= 2  # the long one really had several windows
