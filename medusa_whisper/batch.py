@@ -100,9 +100,38 @@ def transcribe_job(model, job: Job, options: dict, output_dir: Optional[Path], o
     """Transcribe one file and write its outputs; a user's error (bad audio, full disk) is the outcome's
     ``error``, one line naming the file. Anything else is a bug and is raised."""
     began = time.perf_counter()
-    outcome = FileOutcome(job)
     try:
         result = model.transcribe(job.path, progress=progress, **options)
+    except MedusaWhisperError as e:
+        return FileOutcome(job, error=str(e), seconds=time.perf_counter() - began)
+    return _finish(job, result, output_dir, output_formats, writer_options, began)
+
+
+def transcribe_jobs(model, jobs: Sequence[Job], options: dict, output_dir: Optional[Path],
+                    output_formats: Sequence[str], writer_options: Optional[dict], batch_size: int,
+                    on_outcome: Callable[[FileOutcome], None]) -> None:
+    """Transcribe files with their greedy windows side by side (``transcribe.transcribe_many``), writing
+    each file's outputs as it ends and handing ``on_outcome`` what ``transcribe_job`` would have
+    returned for it (``seconds``: from the start of the batch to that file's end)."""
+    from .transcribe import transcribe_many
+
+    began = time.perf_counter()
+
+    def done(index: int, result: Optional[dict], error: Optional[Exception]) -> None:
+        job = jobs[index]
+        if error is not None:
+            on_outcome(FileOutcome(job, error=str(error), seconds=time.perf_counter() - began))
+        else:
+            on_outcome(_finish(job, result, output_dir, output_formats, writer_options, began))
+
+    transcribe_many(model, [job.path for job in jobs], batch_size=batch_size, on_done=done, **options)
+
+
+def _finish(job: Job, result: dict, output_dir: Optional[Path], output_formats: Sequence[str],
+            writer_options: Optional[dict], began: float) -> FileOutcome:
+    """Write one file's outputs (when there is an output folder) and say how it went."""
+    outcome = FileOutcome(job)
+    try:
         if output_dir is not None:
             out_dir = job.out_dir(output_dir)
             try:

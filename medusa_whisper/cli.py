@@ -217,6 +217,9 @@ def _add_transcribe_parser(commands) -> None:
                    help="True: print segments as they are decoded; False: a progress bar; None: nothing "
                         "(default: the text of each file; whisper's form: True)")
     t.add_argument("--threads", type=_threads, default=0, metavar="N", help="CPU threads for torch (0: torch's choice)")
+    _option(t, "--batch-size", type=_positive_int, default=1, metavar="N",
+            help="decode the greedy windows of up to N files side by side, one decoder pass for all (each file's "
+                 "result is the one it gets alone: bit for bit at int8); default 1: one file after another")
     _option(t, "--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
     _add_draft_arguments(t)
     _add_compute_type_arguments(t)
@@ -379,6 +382,8 @@ def _usage_problem(args: argparse.Namespace) -> Optional[str]:
             return f"--{flag.replace('_', '-')} needs --word-timestamps"
     if args.skip_existing and args.output_dir is None:
         return "--skip-existing needs --output-dir"
+    if args.ray is not None and args.batch_size > 1:
+        return "--batch-size does not apply with --ray yet: each Ray worker transcribes one file at a time"
     return None
 
 
@@ -388,6 +393,9 @@ def _options_notes(args: argparse.Namespace) -> List[str]:
         asked = f"--beam-size {args.beam_size}" if args.beam_size is not None else f"--temperature {args.temperature}"
         notes.append(f"{asked}: decoded by openai-whisper's own decoder; Medusa speculation (heads or a draft "
                      f"model) applies to greedy decoding only")
+    if args.batch_size > 1 and (args.beam_size is not None or args.mode == "typical"):
+        asked = f"--beam-size {args.beam_size}" if args.beam_size is not None else "--mode typical"
+        notes.append(f"{asked}: windows are decoded one at a time; --batch-size batches greedy windows only")
     if args.max_line_count and not args.max_line_width:
         notes.append("--max-line-count has no effect without --max-line-width")
     if args.max_words_per_line and args.max_line_width:
@@ -525,6 +533,9 @@ def _run_jobs(model, jobs, args: argparse.Namespace, output_formats, summary, ma
     options = transcribe_options(args)
     writer_options = {k: getattr(args, k) for k in WRITER_OPTIONS}
     show_bars = args.verbose is False or (args.verbose is UNSET and sys.stderr.isatty())
+    if args.batch_size > 1 and len(jobs) > 1:
+        _run_jobs_batched(model, jobs, args, options, output_formats, writer_options, summary, show_bars)
+        return
     files_bar = tqdm(jobs, unit="file", file=sys.stderr, disable=not many or not show_bars)
     for job in files_bar:
         def file_bar(**kwargs):
@@ -538,6 +549,28 @@ def _run_jobs(model, jobs, args: argparse.Namespace, output_formats, summary, ma
         elif args.verbose is UNSET:
             text = outcome.text.strip()
             _write(f"{job.path}: {text}" if many else text, sys.stdout)
+
+
+def _run_jobs_batched(model, jobs, args: argparse.Namespace, options: dict, output_formats, writer_options,
+                      summary, show_bars: bool) -> None:
+    """``--batch-size N`` over several files: their windows side by side (batch.transcribe_jobs); each
+    file's text (or error) is printed as it ends, which need not be in input order."""
+    from .batch import transcribe_jobs
+
+    if options.get("verbose"):
+        options = dict(options, verbose=None)  # segments of several files as they are decoded would interleave
+    files_bar = tqdm(total=len(jobs), unit="file", file=sys.stderr, disable=not show_bars)
+
+    def done(outcome) -> None:
+        summary.add(outcome)
+        files_bar.update(1)
+        if not outcome.ok:
+            _error(outcome.error)
+        elif args.verbose is not None:
+            _write(f"{outcome.job.path}: {outcome.text.strip()}", sys.stdout)
+
+    with files_bar:
+        transcribe_jobs(model, jobs, options, args.output_dir, output_formats, writer_options, args.batch_size, done)
 
 
 def _compute_types(args: argparse.Namespace) -> dict:

@@ -300,17 +300,25 @@ def transcribe(
     clip_timestamps: Union[str, List[float]] = "0",
     hallucination_silence_threshold: Optional[float] = None,
     progress: Optional[Callable[..., tqdm.tqdm]] = None,
+    batch_size: Optional[int] = None,
     **decode_options,
-) -> dict:
+) -> Union[dict, List[Optional[dict]]]:
     """Transcribe audio of any length, as ``whisper.transcribe`` does, with Medusa decoding.
 
-    audio    : a path (decoded block by block; memory stays flat), or samples at 16 kHz
+    audio    : a path (decoded block by block; memory stays flat), or samples at 16 kHz; or a list of
+               them, transcribed side by side (``transcribe_many``; a list of results in input order)
     options  : whisper.transcribe's, with the same meaning and defaults; ``decode_options`` may also
                hold MedusaDecodingOptions' own fields (``mode``, ``num_heads``, ...)
     progress : makes the progress bar, called like ``tqdm.tqdm(total=..., unit="s")``; by default
                a bar is shown when ``verbose`` is False, as whisper does
+    batch_size : for a list: how many recordings' windows share a decoder pass (default 8)
     returns  : whisper's dict (``text``, ``segments``, ``language``) plus ``medusa`` statistics
     """
+    if isinstance(audio, (list, tuple)):
+        options = {k: v for k, v in locals().items() if k not in ("model", "audio", "batch_size", "decode_options")}
+        if progress is None:
+            del options["progress"]
+        return transcribe_many(model, audio, batch_size=batch_size or 8, **options, **decode_options)
     return run_transcription(transcription(model, audio, verbose=verbose, temperature=temperature,
                                            compression_ratio_threshold=compression_ratio_threshold,
                                            logprob_threshold=logprob_threshold,

@@ -97,3 +97,28 @@ def test_recordings_transcribed_side_by_side_equal_each_alone_and_a_bad_one_does
         assert many[i]["segments"] == alone["segments"], i
         assert many[i]["text"] == alone["text"]
     assert len({s["seek"] for s in many[0]["segments"]}) >= 2  # the long one really had several windows
+
+
+def test_the_command_line_batches_files_and_writes_what_one_by_one_writes(tmp_path, capsys):
+    from medusa_whisper.cli import main
+
+    bad = tmp_path / "broken.wav"
+    bad.write_bytes(b"RIFF not really")
+    files = [CLIPS[0], CLIPS[1], str(bad), CLIPS[3]]
+    common = ["transcribe", *files, "--model", "tiny.en", "--compute-type", "int8", "-f", "all", "--threads", "2"]
+    assert main(common + ["-o", str(tmp_path / "one"), "--batch-size", "1"]) == 1
+    capsys.readouterr()
+    assert main(common + ["-o", str(tmp_path / "batched"), "--batch_size", "3"]) == 1  # whisper's spelling too
+    out, err = capsys.readouterr()
+    assert err.count("broken.wav") == 1 and "Traceback" not in err
+    assert "3 files done, 1 failed" in err
+    written = sorted(p.name for p in (tmp_path / "batched").iterdir())
+    assert written == sorted(p.name for p in (tmp_path / "one").iterdir()) and len(written) == 3 * 5
+    for name in written:
+        assert (tmp_path / "batched" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+
+
+def test_the_python_api_takes_a_list():
+    model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    results = medusa_whisper.transcribe(model, CLIPS[:2], batch_size=2, fp16=False)
+    assert [r["text"] for r in results] == [medusa_whisper.transcribe(model, c, fp16=False)["text"] for c in CLIPS[:2]]
