@@ -99,9 +99,12 @@ def transcribe_job(model, job: Job, options: dict, output_dir: Optional[Path], o
                    writer_options: Optional[dict] = None, progress=None) -> FileOutcome:
     """Transcribe one file and write its outputs; a user's error (bad audio, full disk) is the outcome's
     ``error``, one line naming the file. Anything else is a bug and is raised."""
+    from .transcribe import own_random_state
+
     began = time.perf_counter()
     try:
-        result = model.transcribe(job.path, progress=progress, **options)
+        with own_random_state({}, job.path):  # as transcribe_jobs: each file's sampled windows as in a fresh process
+            result = model.transcribe(job.path, progress=progress, **options)
     except MedusaWhisperError as e:
         return FileOutcome(job, error=str(e), seconds=time.perf_counter() - began)
     return _finish(job, result, output_dir, output_formats, writer_options, began)

@@ -230,27 +230,36 @@ def decoder_rows_step(decoder: TextDecoder, tokens: Tensor, positions: Tensor, c
                         slots [0, positions[b]]
     returns           : shape = (batch, n_state), post-LayerNorm states
 
-    With row-invariant attention (the int8 decoder, invariant_attention.py) every item gets the bits
-    a pass over its stream alone gets; with PyTorch's fused attention (float32) the last bits may differ.
+    Every item gets the bits a pass over its stream alone gets wherever the products are row-invariant
+    (int8's ``_weight_int8pack_mm``, invariant_attention.py): with invariant attention the streams
+    attend in one batched product; otherwise each stream attends on its own with PyTorch's fused
+    kernel over exactly its visible slots, as its pass alone does (that kernel is not batch-invariant:
+    measured). float32's products are not row-invariant, so there the last bits may differ.
     """
-    batch = tokens.shape[0]
     x = (decoder.token_embedding(tokens[:, None]) + decoder.positional_embedding[positions][:, None]).to(cache.dtype)
     kv = cache.self_attn
     fixed = row_invariant(decoder.blocks[0].attn)
-    n_keys = kv.capacity if fixed else int(positions.max()) + 1  # every slot, or the longest stream's
-    allowed = torch.arange(n_keys, device=tokens.device)[None, :] <= positions[:, None]  # (batch, n_keys)
-    mask = allowed[:, None, :] if fixed else allowed[:, None, None, :]  # invariant_attention's, SDPA's
+    mask = None
+    if fixed:  # every slot, the unwritten ones masked: (batch, 1, n_slots)
+        mask = (torch.arange(kv.capacity, device=tokens.device)[None, :] <= positions[:, None])[:, None, :]
+    ends = positions.tolist()
     for i, block in enumerate(decoder.blocks):
         h = block.attn_ln(x)
         q, k, v = self_attention_qkv(block.attn, h)
         kv.write_rows(i, positions, k, v)
+        cross_k, cross_v = cache.cross_attn.keys[i], cache.cross_attn.values[i]
         if fixed:
-            keys, values = kv.keys[i], kv.values[i]
+            x = x + attend(block.attn, h, kv.keys[i], kv.values[i], mask, q=q)
+            x = x + attend(block.cross_attn, block.cross_attn_ln(x), cross_k, cross_v, None)
         else:
-            keys, values = kv.keys[i, :, :n_keys], kv.values[i, :, :n_keys]
-        x = x + attend(block.attn, h, keys, values, mask, q=q)
-        x = x + attend(block.cross_attn, block.cross_attn_ln(x), cache.cross_attn.keys[i], cache.cross_attn.values[i],
-                       None)
+            own = [_attention(q[b:b + 1], kv.keys[i, b:b + 1, :end + 1], kv.values[i, b:b + 1, :end + 1],
+                              block.attn.n_head, None) for b, end in enumerate(ends)]
+            x = x + linear(block.attn.out, torch.cat(own))
+            c = block.cross_attn_ln(x)
+            cq = linear(block.cross_attn.query, c)
+            own = [_attention(cq[b:b + 1], cross_k[b:b + 1], cross_v[b:b + 1], block.cross_attn.n_head, None)
+                   for b in range(len(ends))]
+            x = x + linear(block.cross_attn.out, torch.cat(own))
         x = x + _mlp(block.mlp, block.mlp_ln(x))
     return decoder.ln(x)[:, 0]
 

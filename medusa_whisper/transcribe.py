@@ -18,10 +18,11 @@ Where it departs from whisper.transcribe, and why:
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable, Generator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Generator, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import tqdm
@@ -522,6 +523,7 @@ def transcribe_many(model, audios: Sequence[Union[AudioInput, Path]], *, batch_s
     results: List[Optional[dict]] = [None] * len(audios)
     options.setdefault("progress", lambda **kw: tqdm.tqdm(**kw, disable=True))  # one bar per file would interleave
     waiting = iter(range(len(audios)))  # recordings not yet opened
+    random_states: dict = {}  # index -> its random number generator's state (see own_random_state)
     running = {}  # index -> its transcription
     queue: List[Tuple[int, WindowRequest]] = []  # windows waiting for a batch item
 
@@ -532,7 +534,9 @@ def transcribe_many(model, audios: Sequence[Union[AudioInput, Path]], *, batch_s
         try:
             request = next(steps) if result is None else steps.send(result)
             while not batchable(request.options) or request.draft_mel is not None:
-                request = steps.send(decode(model, request.mel, request.options, draft_mel=request.draft_mel))
+                with own_random_state(random_states, index):  # sampling draws from this recording's own
+                    decoded = decode(model, request.mel, request.options, draft_mel=request.draft_mel)
+                request = steps.send(decoded)
         except StopIteration as end:
             del running[index]
             results[index] = end.value
@@ -559,3 +563,24 @@ def transcribe_many(model, audios: Sequence[Union[AudioInput, Path]], *, batch_s
 
     BatchDecoder(model, batch_size).run(source, advance)
     return results
+
+
+@contextlib.contextmanager
+def own_random_state(states: dict, key) -> Iterator[None]:
+    """Run with ``key``'s own state of torch's global random number generator, which starts where a
+    fresh process starts (PyTorch's fixed default seed) and is kept between calls.
+
+    The temperature fallback samples from the global generator (whisper's ``Categorical.sample``),
+    so without this a recording's sampled windows would depend on how many other recordings drew
+    before it, and in what order: each recording of a batch gets the draws it gets transcribed
+    alone in a fresh process, whatever the batch size. Departs from whisper, whose draws continue
+    from one file to the next in one process."""
+    state = states.get(key)
+    if state is None:
+        state = torch.Generator().get_state()  # the default seed's state
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(state)
+        try:
+            yield
+        finally:
+            states[key] = torch.get_rng_state()

@@ -122,3 +122,22 @@ def test_the_python_api_takes_a_list():
     model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
     results = medusa_whisper.transcribe(model, CLIPS[:2], batch_size=2, fp16=False)
     assert [r["text"] for r in results] == [medusa_whisper.transcribe(model, c, fp16=False)["text"] for c in CLIPS[:2]]
+
+
+def test_each_recording_samples_from_its_own_random_state():
+    """Fallback sampling draws from torch's global generator: per recording, the draws are those of a
+    fresh process whatever other recordings drew in between."""
+    from medusa_whisper.transcribe import own_random_state
+
+    states = {}
+    fresh = torch.Generator().get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(fresh)
+        alone = torch.rand(6)
+    with own_random_state(states, "a"):
+        first = torch.rand(3)
+    with own_random_state(states, "b"):
+        other = torch.rand(3)
+    with own_random_state(states, "a"):
+        second = torch.rand(3)
+    assert torch.equal(torch.cat([first, second]), alone) and torch.equal(other, alone[:3])

@@ -1,0 +1,158 @@
+"""Throughput of an archive of real recordings against batch size, beside faster-whisper one by one.
+
+    python tools/bench_batch.py --model base --compute-type int8 --threads 2 --files 64 --batch-sizes 1,4,8,16
+
+Each system transcribes the same files (the longest ``--files`` of data/real, whole files, whisper's
+transcribe defaults with greedy decoding: temperature fallback on, beam search off) in a fresh
+process, so that its peak RSS is its own; times exclude loading the model. Columns: wall seconds,
+audio seconds per wall second, speed against faster-whisper int8, WER against the references,
+how many files have the same text as our ``--batch-size 1``, and peak RSS. Writes JSON and Markdown
+(``--out``) and a plot of throughput against batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL = ROOT / "data" / "real" / "real.csv"
+
+
+def archive(csv_path: Path, n_files: int) -> List[dict]:
+    """The ``n_files`` longest recordings (ties by name): the ones where decoding, not loading, costs."""
+    rows = list(csv.DictReader(open(csv_path, newline="", encoding="utf-8")))
+    rows.sort(key=lambda r: (-float(r["seconds"]), r["audio"]))
+    return [dict(r, path=str(csv_path.parent / r["audio"])) for r in rows[:n_files]]
+
+
+def worker(args) -> None:
+    """One system in this process: print {"seconds", "load_seconds", "texts", "peak_rss_mb"} as JSON."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    paths = json.loads(Path(args.files_json).read_text())
+    began = time.perf_counter()
+    if args.worker == "faster-whisper":
+        from faster_whisper import WhisperModel
+
+        sys.path.insert(0, str(ROOT))
+        from medusa_whisper import weights
+
+        model = WhisperModel(str(weights.ctranslate2_dir(args.model)), device="cpu", compute_type=args.compute_type,
+                             cpu_threads=args.threads)
+        loaded = time.perf_counter()
+        texts = []
+        for path in paths:  # faster-whisper's own defaults but greedy, as ours (its default is beam 5)
+            segments, _ = model.transcribe(path, language="en", beam_size=1, best_of=5, vad_filter=False)
+            texts.append("".join(s.text for s in segments))
+    else:
+        sys.path.insert(0, str(ROOT))
+        import medusa_whisper
+
+        model = medusa_whisper.load_model(args.model, device="cpu", compute_type=args.compute_type)
+        loaded = time.perf_counter()
+        results = medusa_whisper.transcribe(model, paths, batch_size=args.batch_size, language="en", fp16=False,
+                                            mode="off")
+        texts = [r["text"] if r is not None else "" for r in results]
+    done = time.perf_counter()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(dict(seconds=done - loaded, load_seconds=loaded - began, texts=texts, peak_rss_mb=peak)))
+
+
+def run_system(args, worker_name: str, batch_size: int, files_json: Path) -> dict:
+    command = [sys.executable, __file__, "--worker", worker_name, "--files-json", str(files_json), "--model", args.model,
+               "--compute-type", args.compute_type, "--threads", str(args.threads), "--batch-size", str(batch_size)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="base")
+    parser.add_argument("--compute-type", default="int8")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--files", type=int, default=64)
+    parser.add_argument("--batch-sizes", default="1,4,8,16")
+    parser.add_argument("--csv", type=Path, default=REAL)
+    parser.add_argument("--out", type=Path, default=None, help="write <out>.json, <out>.md and <out>.png")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--files-json", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--batch-size", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    sys.path.insert(0, str(ROOT))
+    from medusa_whisper.evaluation import corpus_scores, normalizer
+    from medusa_whisper.routes import isa_features, machine_id
+
+    rows = archive(args.csv, args.files)
+    audio_seconds = sum(float(r["seconds"]) for r in rows)
+    files_json = Path("/tmp") / f"bench_batch_{args.files}.json"
+    files_json.write_text(json.dumps([r["path"] for r in rows]))
+    normal = normalizer("en")
+    references = [normal(r["sentence"]) for r in rows]
+    machine = {**machine_id(), "isa": isa_features()}
+    print(f"{machine['cpu']} ({machine['isa']}), {args.threads} threads, {args.model} {args.compute_type}, "
+          f"{len(rows)} real recordings, {audio_seconds / 60:.1f} min", flush=True)
+
+    systems: Dict[str, dict] = {}
+    systems[f"faster-whisper {args.compute_type}, one by one"] = run_system(args, "faster-whisper", 1, files_json)
+    for batch in [int(b) for b in args.batch_sizes.split(",")]:
+        systems[f"medusa-whisper {args.compute_type}, --batch-size {batch}"] = run_system(args, "ours", batch, files_json)
+        print(f"batch {batch}: {systems[list(systems)[-1]]['seconds']:.1f} s", flush=True)
+    ours_one = next((s for name, s in systems.items() if name.endswith("--batch-size 1")), None)
+    fw = next(iter(systems.values()))
+    table = []
+    for name, s in systems.items():
+        scores = corpus_scores(references, [normal(t) for t in s["texts"]])
+        same = sum(a == b for a, b in zip(s["texts"], ours_one["texts"])) if ours_one else None
+        table.append(dict(system=name, seconds=round(s["seconds"], 2), load_seconds=round(s["load_seconds"], 2),
+                          audio_per_second=round(audio_seconds / s["seconds"], 2),
+                          vs_faster_whisper=round(fw["seconds"] / s["seconds"], 2), wer=round(100 * scores["wer"], 2),
+                          same_text_as_batch_1=same, peak_rss_mb=round(s["peak_rss_mb"])))
+    lines = [f"{machine['cpu']} ({machine['isa']}), {args.threads} threads, {args.model} {args.compute_type}, "
+             f"{len(rows)} real recordings ({audio_seconds / 60:.1f} min); model load excluded", "",
+             "| system | seconds | audio s per s | vs faster-whisper | WER % | same text as batch 1 | peak RSS MB |",
+             "|---|---|---|---|---|---|---|"]
+    for t in table:
+        same = "-" if t["same_text_as_batch_1"] is None else f"{t['same_text_as_batch_1']}/{len(rows)}"
+        lines.append(f"| {t['system']} | {t['seconds']} | {t['audio_per_second']} | {t['vs_faster_whisper']}x | "
+                     f"{t['wer']} | {same} | {t['peak_rss_mb']} |")
+    print("\n".join(lines))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(dict(machine=machine, rows=table), indent=1) + "\n")
+        args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return
+        ours = [t for t in table if "--batch-size" in t["system"]]
+        sizes = [int(t["system"].rsplit(" ", 1)[1]) for t in ours]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(sizes, [t["audio_per_second"] for t in ours], marker="o", label="medusa-whisper")
+        ax.axhline(table[0]["audio_per_second"], color="gray", linestyle="--", label=table[0]["system"])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (files side by side)")
+        ax.set_ylabel("audio seconds per wall second")
+        ax.set_title(f"{args.model} {args.compute_type}, {args.threads} threads, {len(rows)} real recordings")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.out.with_suffix(".png"), dpi=120)
+
+
+if __name__ == "__main__":
+    main()
