@@ -183,7 +183,6 @@ class Drafter(Proposer):
             hidden = decoder_hidden(decoder, torch.tensor([inputs], device=self.device),
                                     torch.arange(start, start + n, device=self.device), self.cache, start,
                                     chain_mask(start, n, self.device))
-            self.cache.rollback(start + n)  # the owner sets the length: the n new slots now count
             token = int(project(decoder, hidden[0, -1:])[0].argmax())
             mapped = self.to_main(token)
             if not mapped:

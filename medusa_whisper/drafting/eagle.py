@@ -129,7 +129,6 @@ class EagleProposer(Proposer):
     def _block(self, x: Tensor, start: int, mask: Optional[Tensor]) -> Tensor:
         mask = self_attention_mask(self.head.block.attn, mask, start, x.shape[1], self.cache)
         out = block_forward(self.head.block, x, self.cache, 0, start, self.cross.keys[0], self.cross.values[0], mask)
-        self.cache.rollback(start + x.shape[1])  # the owner sets the length: the new slots count
         return self.head.ln(out)
 
     def _commit(self, committed: Committed) -> None:

@@ -43,7 +43,6 @@ class MedusaProposer(Proposer):
                                        self.block_cache)
             hidden = block_forward(self.heads.block, hidden, self.block_cache, 0, start, self.block_cross.keys[0],
                                    self.block_cross.values[0], mask)
-            self.block_cache.rollback(start + n)
         self.head_input = hidden[:, -1]
 
     def _propose(self) -> CandidateTree:
