@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from whisper.model import ModelDimensions, ResidualAttentionBlock
 
-from ..decoder import block_caches, block_forward, chain_mask, rows_logits, self_attention_mask
+from ..decoder import block_caches, block_forward, rows_logits, self_attention_mask
+from ..masks import chain_mask
 from .base import Committed, Proposer
 from .draft_head import DraftHead
 from .tree import CandidateTree, top_nodes

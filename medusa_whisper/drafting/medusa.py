@@ -15,7 +15,8 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..decoder import block_caches, block_forward, chain_mask, rows_logits, self_attention_mask
+from ..decoder import block_caches, block_forward, rows_logits, self_attention_mask
+from ..masks import chain_mask
 from ..heads import MedusaHeads
 from .base import Committed, Proposer
 from .tree import CandidateTree, best_first
