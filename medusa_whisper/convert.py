@@ -11,13 +11,14 @@ The output is always written atomically with torch.save and loads with ``weights
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Union
 
 import torch
 
 from .errors import CheckpointError
+from .model import model_shapes  # moved to model.py, beside the model it measures; still importable here
+from .weights import save_checkpoint
 
 EXPECTED = ("a Hugging Face Whisper or Whisper-Medusa directory, a CTranslate2 Whisper model directory, "
             "or an openai-whisper .pt checkpoint")
@@ -25,8 +26,6 @@ EXPECTED = ("a Hugging Face Whisper or Whisper-Medusa directory, a CTranslate2 W
 
 def convert(src: Union[str, os.PathLike], out: Union[str, os.PathLike]) -> Path:
     """Write the checkpoint dict {"dims": ..., "model_state_dict": ...} read from ``src`` to ``out``."""
-    from .weights import save_checkpoint
-
     src, out = Path(src), Path(out)
     checkpoint = read_source(src)
     save_checkpoint(checkpoint, out)
@@ -50,30 +49,6 @@ def read_source(src: Path) -> dict:
     else:
         raise CheckpointError(f"{src}: no such file or directory; expected {EXPECTED}")
     return checkpoint
-
-
-def model_shapes(dims, medusa) -> dict:
-    """{name: shape} of every tensor of a MedusaWhisper of these dimensions and heads.
-
-    Layers of one stack all have the same shapes, so a model with one layer per stack is built and
-    its layer 0 repeated: a few MB instead of the full model (large-v3 would be 6 GB; the meta
-    device cannot build whisper's sparse alignment-heads buffer).
-    """
-    from dataclasses import replace
-
-    from .model import MedusaWhisper
-
-    model = MedusaWhisper(replace(dims, n_audio_layer=1, n_text_layer=1), medusa)
-    shapes = {}
-    for name, tensor in model.state_dict().items():
-        match = re.match(r"^(encoder|decoder)\.blocks\.0\.(.+)$", name)
-        if match is None:
-            shapes[name] = tuple(tensor.shape)
-            continue
-        stack, rest = match.groups()
-        for i in range(dims.n_audio_layer if stack == "encoder" else dims.n_text_layer):
-            shapes[f"{stack}.blocks.{i}.{rest}"] = tuple(tensor.shape)
-    return shapes
 
 
 def _load_whisper_pt(path: Path) -> dict:

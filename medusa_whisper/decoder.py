@@ -23,6 +23,7 @@ from whisper.model import MultiHeadAttention, ResidualAttentionBlock, TextDecode
 from .compute import projected_rows
 from .invariant_attention import every_slot_mask, invariant_attention, invariant_dtype, row_invariant
 from .kv_cache import CrossKV, StaticKVCache
+from .masks import chain_mask  # noqa: F401 (re-exported: the decoder's callers build their masks with it)
 from .routes import WEIGHT_FIRST, WHISPER_ROUTE, route_for, weight_times_rows  # noqa: F401 (re-exported)
 
 
@@ -75,13 +76,6 @@ def block_caches(blocks, n_ctx: int, audio_features: Tensor) -> Tuple[StaticKVCa
     cross = blocks[0].cross_attn
     cross_attn = CrossKV(blocks, audio_features, invariant_dtype(cross) if row_invariant(cross) else None)
     return self_attn, cross_attn
-
-
-def chain_mask(start: int, n: int, device) -> Optional[Tensor]:
-    """Boolean mask (n, start+n) letting query i see slots [0, start+i]; None when n == 1."""
-    if n == 1:
-        return None  # a single query sees every written slot
-    return torch.ones(n, start + n, dtype=torch.bool, device=device).tril(diagonal=start)
 
 
 def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],

@@ -3,8 +3,9 @@
 Differs from whisper: openai-whisper keeps its cache in forward hooks that grow by ``torch.cat`` and
 infers the position from the cache length, so rejected tokens cannot be taken back. Here buffers
 are allocated once for ``n_text_ctx`` slots and written at explicit slots; ``length`` counts the
-committed slots. Rejecting speculated tokens is a length reset (chain) or a compaction of the kept
-slots to the front (tree). Slots at or beyond ``length`` are stale: they are overwritten by the next
+slots. ``write`` advances it (a pass's new slots count at once); ``rollback`` and ``compact`` only
+shrink it: rejecting speculated tokens is a length reset (chain) or a compaction of the kept slots
+to the front (tree). Slots at or beyond ``length`` are stale: they are overwritten by the next
 write and never attended to, because attention reads only ``[:end]`` of what was written.
 """
 
@@ -43,10 +44,18 @@ class StaticKVCache:
         return self.keys.shape[self.slot_dim]
 
     def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
-        """Store k, v (batch, n, n_state) at slots [start, start+n); return all slots [0, start+n)."""
+        """Store k, v (batch, n, n_state) at slots [start, start+n); return all slots [0, start+n).
+
+        The cache then holds slots [0, start+n): ``length`` becomes start+n (each layer of a pass
+        writes the same slots, so the length is the pass's end). ``start`` may not be beyond
+        ``length``: the slots between would count without having been written.
+        """
         end = start + k.shape[1]
         if end > self.capacity:
             raise RuntimeError(f"KV cache overflow: {end} > {self.capacity} slots")
+        if start > self.length:
+            raise ValueError(f"cannot write at slot {start}: the cache holds {self.length} slots")
+        self.length = end
         if self.n_head is None:
             self.keys[layer, :, start:end] = k
             self.values[layer, :, start:end] = v
@@ -57,9 +66,10 @@ class StaticKVCache:
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
     def rollback(self, length: int) -> None:
-        """Keep slots [0, length): the chain case, where accepted tokens form a prefix."""
-        if not 0 <= length <= self.capacity:
-            raise ValueError(f"cannot roll back to {length} slots (capacity {self.capacity})")
+        """Keep slots [0, length): the chain case, where accepted tokens form a prefix. Only shrinks
+        (or keeps) the length: slots are added by ``write``."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length} slots: the cache holds {self.length}")
         self.length = length
 
     def compact(self, keep: List[int], start: int) -> None:

@@ -7,13 +7,17 @@ Medusa decoding goes through ``medusa_whisper.decode`` and ``model.transcribe``.
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from typing import Optional
 
 from whisper.model import ModelDimensions, Whisper
 
 from .drafting.draft_head import DraftHead
-
 from .heads import MedusaConfig, MedusaHeads
+# as whisper/model.py imports its transcribe: the model offers it as a method, while transcribe.py
+# takes the model as an argument and never imports this module
+from .transcribe import transcribe as transcribe_function
 
 MEDUSA_PREFIX = "medusa."
 
@@ -53,6 +57,24 @@ class MedusaWhisper(Whisper):
         self.medusa.load_state_dict(state_dict, strict=True)
 
     def transcribe(self, audio, **options) -> dict:  # differs from whisper: Medusa decoding inside
-        from .transcribe import transcribe
+        return transcribe_function(self, audio, **options)
 
-        return transcribe(self, audio, **options)
+
+def model_shapes(dims: ModelDimensions, medusa: MedusaConfig) -> dict:
+    """{name: shape} of every tensor of a MedusaWhisper of these dimensions and heads.
+
+    Layers of one stack all have the same shapes, so a model with one layer per stack is built and
+    its layer 0 repeated: a few MB instead of the full model (large-v3 would be 6 GB; the meta
+    device cannot build whisper's sparse alignment-heads buffer).
+    """
+    model = MedusaWhisper(replace(dims, n_audio_layer=1, n_text_layer=1), medusa)
+    shapes = {}
+    for name, tensor in model.state_dict().items():
+        match = re.match(r"^(encoder|decoder)\.blocks\.0\.(.+)$", name)
+        if match is None:
+            shapes[name] = tuple(tensor.shape)
+            continue
+        stack, rest = match.groups()
+        for i in range(dims.n_audio_layer if stack == "encoder" else dims.n_text_layer):
+            shapes[f"{stack}.blocks.{i}.{rest}"] = tuple(tensor.shape)
+    return shapes

@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from .ctranslate2 import convert_ctranslate2, model_bin_parts
 from .errors import CheckpointError, DownloadError, ModelNotFoundError
+from .model import model_shapes
 from .paths import CACHE_ENV, atomic_path, cache_dir  # noqa: F401 (CACHE_ENV and cache_dir are part of this module's API)
 
 log = logging.getLogger(__name__)
@@ -115,9 +116,7 @@ def heads_dir() -> Path:
     override = os.environ.get(HEADS_ENV)
     if override:
         return Path(override).expanduser()
-    import medusa_whisper
-
-    return Path(medusa_whisper.__file__).resolve().parent.parent / "weights"
+    return Path(__file__).resolve().parent.parent / "weights"  # this file is medusa_whisper/weights.py
 
 
 def base_models() -> List[str]:
@@ -370,7 +369,6 @@ def _base_checkpoint(name: str, download_root: Optional[Union[str, os.PathLike]]
 
 def _hf_checkpoint(folder: Path, key: Optional[str] = None, source: Optional[str] = None) -> Path:
     """A Hugging Face Whisper or Whisper-Medusa folder, converted once into the cache."""
-    from .convert import model_shapes
     from .hf import convert_hf, weight_files
 
     folder = folder.resolve()

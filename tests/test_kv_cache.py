@@ -122,6 +122,25 @@ def test_cache_refuses_to_overflow_or_roll_forward():
         cache.rollback(5)
 
 
+def test_write_advances_the_length_and_rollback_only_shrinks_it():
+    """The cache's one contract: a write's slots count at once (nobody sets the length after it),
+    and rollback takes slots back but never adds unwritten ones."""
+    cache = StaticKVCache(n_layer=2, batch=1, n_ctx=8, n_state=2, dtype=torch.float32, device="cpu")
+    for layer in range(2):  # every layer of a pass writes the same slots
+        cache.write(layer, 0, torch.ones(1, 3, 2), torch.ones(1, 3, 2))
+    assert cache.length == 3
+    cache.write(0, 3, torch.ones(1, 2, 2), torch.ones(1, 2, 2))
+    assert cache.length == 5
+    cache.rollback(4)
+    assert cache.length == 4
+    with pytest.raises(ValueError):
+        cache.rollback(5)  # slot 4 was rejected: it may not count again
+    with pytest.raises(ValueError):
+        cache.write(0, 5, torch.ones(1, 1, 2), torch.ones(1, 1, 2))  # slot 4 would count unwritten
+    cache.write(0, 2, torch.ones(1, 1, 2), torch.ones(1, 1, 2))  # rewriting a slot keeps what is before it
+    assert cache.length == 3
+
+
 def test_chain_mask_is_lower_right_causal():
     mask = chain_mask(start=3, n=3, device="cpu")
     assert mask.tolist() == [

@@ -92,7 +92,6 @@ def pass_runner(model, features: Tensor, rows: int):
     cache = new_cache(decoder, features)
     tokens = torch.randint(0, 50000, (1, CONTEXT))
     decoder_hidden(decoder, tokens, torch.arange(CONTEXT), cache, 0, chain_mask(0, CONTEXT, "cpu"))
-    cache.rollback(CONTEXT)
     new = torch.randint(0, 50000, (1, rows))
     positions = torch.arange(CONTEXT, CONTEXT + rows)
     mask = chain_mask(CONTEXT, rows, "cpu")

@@ -58,7 +58,6 @@ def pass_runner(model, features, rows: int, context: int = 60):
     cache = new_cache(decoder, features)
     tokens = torch.randint(0, 50000, (1, context))
     decoder_hidden(decoder, tokens, torch.arange(context), cache, 0, chain_mask(0, context, "cpu"))
-    cache.rollback(context)
     new = torch.randint(0, 50000, (1, rows))
     positions = torch.arange(context, context + rows)
     mask = chain_mask(context, rows, "cpu")

@@ -13,17 +13,17 @@ Shapes: the encoder gives (batch, n_audio_ctx, n_audio_state), 20 ms per frame; 
 
 from __future__ import annotations
 
-import codecs
 from dataclasses import asdict, dataclass, field
-from typing import List
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from whisper.model import ModelDimensions
 
-from .draft_head import DraftHead
+from .ctc_draft import CtcDraft, greedy_draft
+from .ctc_proposer import CtcProposer
 from .ctc_units import Units
+from .draft_head import DraftHead
 
 ENCODER_FRAME_SECONDS = 0.02  # whisper: 1500 encoder frames per 30-s window
 
@@ -72,18 +72,6 @@ class AttentionBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.layer(x)
-
-
-@dataclass
-class CtcDraft:
-    """The greedy CTC path of one window, as text with where each character was heard."""
-
-    text: str
-    char_start: List[float]  # per character of ``text``: seconds at which its unit begins
-    char_end: List[float]  # ... and ends (the last frame of its run)
-    char_entropy: List[float]  # the largest frame entropy (nats) from the previous unit's end to this one's
-    units: List[int] = field(default_factory=list)
-    tail_entropy: float = 0.0  # the largest frame entropy after the last unit (the window's end)
 
 
 class CtcHead(DraftHead):
@@ -142,48 +130,8 @@ class CtcHead(DraftHead):
         logprobs = self(audio_features)[0]  # (T, n_units + 1)
         return greedy_draft(logprobs, self.units, self.blank, self.frame_seconds)
 
-    def proposer(self, model, audio_features: Tensor, options):
-        from .ctc_proposer import CtcProposer
-
+    def proposer(self, model, audio_features: Tensor, options) -> CtcProposer:
         return CtcProposer.for_head(self, model, audio_features, options)
-
-
-def greedy_draft(logprobs: Tensor, units: Units, blank: int, frame_seconds: float) -> CtcDraft:
-    """Collapse the per-frame argmax (repeats merged, blanks dropped) into text with timings.
-
-    logprobs : shape = (frames, n_units + 1)
-    """
-    best = logprobs.argmax(dim=-1)
-    entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
-    changes = torch.ones_like(best, dtype=torch.bool)
-    changes[1:] = best[1:] != best[:-1]
-    starts = torch.nonzero(changes & (best != blank)).flatten().tolist()
-    best_list = best.tolist()
-    entropy_list = entropy.tolist()
-    n_frames = len(best_list)
-
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    text: List[str] = []
-    char_start: List[float] = []
-    char_end: List[float] = []
-    char_entropy: List[float] = []
-    unit_ids: List[int] = []
-    previous_end = -1
-    for start in starts:
-        unit = best_list[start]
-        end = start
-        while end + 1 < n_frames and best_list[end + 1] == unit:
-            end += 1
-        span_entropy = max(entropy_list[previous_end + 1 : end + 1])
-        previous_end = end
-        unit_ids.append(unit)
-        chars = decoder.decode(units.pieces[unit])
-        text.append(chars)
-        char_start += [start * frame_seconds] * len(chars)
-        char_end += [(end + 1) * frame_seconds] * len(chars)
-        char_entropy += [span_entropy] * len(chars)
-    tail = max(entropy_list[previous_end + 1 :], default=0.0)
-    return CtcDraft("".join(text), char_start, char_end, char_entropy, unit_ids, tail)
 
 
 def build(dims: ModelDimensions, config: dict) -> CtcHead:

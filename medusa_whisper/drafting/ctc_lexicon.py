@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from whisper.tokenizer import get_encoding
 
-from .ctc import CtcDraft
+from .ctc_draft import CtcDraft
 
 WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?")
 MAX_RANK = 30_000  # token words beyond this rank are rare pieces, not words to snap onto

@@ -33,7 +33,7 @@ from torch import Tensor
 from whisper.tokenizer import Tokenizer, get_tokenizer
 
 from .base import Committed, Proposer
-from .ctc import CtcDraft
+from .ctc_draft import CtcDraft
 from .tree import CandidateTree
 from ..compute import compute_type_of
 

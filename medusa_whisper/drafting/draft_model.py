@@ -31,7 +31,8 @@ from torch import Tensor
 from whisper.decoding import DecodingTask
 from whisper.tokenizer import Tokenizer
 
-from ..decoder import chain_mask, decoder_hidden, new_cache, project
+from ..decoder import decoder_hidden, new_cache, project
+from ..masks import chain_mask
 from .base import Committed, Proposer
 from .tree import CandidateTree
 
@@ -183,7 +184,6 @@ class Drafter(Proposer):
             hidden = decoder_hidden(decoder, torch.tensor([inputs], device=self.device),
                                     torch.arange(start, start + n, device=self.device), self.cache, start,
                                     chain_mask(start, n, self.device))
-            self.cache.rollback(start + n)  # the owner sets the length: the n new slots now count
             token = int(project(decoder, hidden[0, -1:])[0].argmax())
             mapped = self.to_main(token)
             if not mapped:

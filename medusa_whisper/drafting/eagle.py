@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from whisper.model import ModelDimensions, ResidualAttentionBlock
 
-from ..decoder import block_caches, block_forward, chain_mask, rows_logits, self_attention_mask
+from ..decoder import block_caches, block_forward, rows_logits, self_attention_mask
+from ..masks import chain_mask
 from .base import Committed, Proposer
 from .draft_head import DraftHead
 from .tree import CandidateTree, top_nodes
@@ -129,7 +130,6 @@ class EagleProposer(Proposer):
     def _block(self, x: Tensor, start: int, mask: Optional[Tensor]) -> Tensor:
         mask = self_attention_mask(self.head.block.attn, mask, start, x.shape[1], self.cache)
         out = block_forward(self.head.block, x, self.cache, 0, start, self.cross.keys[0], self.cross.values[0], mask)
-        self.cache.rollback(start + x.shape[1])  # the owner sets the length: the new slots count
         return self.head.ln(out)
 
     def _commit(self, committed: Committed) -> None:

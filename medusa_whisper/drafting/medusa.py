@@ -15,7 +15,8 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..decoder import block_caches, block_forward, chain_mask, rows_logits, self_attention_mask
+from ..decoder import block_caches, block_forward, rows_logits, self_attention_mask
+from ..masks import chain_mask
 from ..heads import MedusaHeads
 from .base import Committed, Proposer
 from .tree import CandidateTree, best_first
@@ -43,7 +44,6 @@ class MedusaProposer(Proposer):
                                        self.block_cache)
             hidden = block_forward(self.heads.block, hidden, self.block_cache, 0, start, self.block_cross.keys[0],
                                    self.block_cross.values[0], mask)
-            self.block_cache.rollback(start + n)
         self.head_input = hidden[:, -1]
 
     def _propose(self) -> CandidateTree:

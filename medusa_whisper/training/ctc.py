@@ -31,7 +31,8 @@ from torch import Tensor
 from tqdm import tqdm
 from whisper.tokenizer import Tokenizer, get_tokenizer
 
-from ..drafting.ctc import CtcConfig, CtcHead, greedy_draft
+from ..drafting.ctc import CtcConfig, CtcHead
+from ..drafting.ctc_draft import greedy_draft
 from ..drafting.ctc_lexicon import edit_distance
 from ..drafting.ctc_proposer import CtcProposer, DraftSettings
 from ..drafting.replay import replay, summarize

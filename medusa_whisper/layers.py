@@ -1,0 +1,80 @@
+"""The package's layers, bottom to top: a module imports only from its own layer or those below.
+
+``tests/test_layers.py`` reads every module's imports (with ``ast``: those inside functions too,
+relative and absolute) and fails on an import cycle between package modules, on an import from a
+layer to a higher one, and on a module missing from this table. Imports under
+``if TYPE_CHECKING:`` are exempt: they never run. Within a layer, imports may go either way as long
+as they make no cycle.
+
+Importing ``medusa_whisper.x`` runs ``medusa_whisper/__init__.py`` first (Python imports every
+parent package), and that imports the whole facade; such implicit parent imports are not counted,
+only the import statements a module writes.
+
+This module imports nothing of the package; it is data for the test and for a newcomer.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Tuple
+
+
+class Layer(NamedTuple):
+    name: str
+    reason: str  # why these modules sit here, in one line
+    modules: Tuple[str, ...]
+
+
+LAYERS: Tuple[Layer, ...] = (
+    Layer("foundation", "the error hierarchy, where files go, this table: everything may use them, they use nothing",
+          ("medusa_whisper.errors", "medusa_whisper.paths", "medusa_whisper.layers")),
+    Layer("audio", "reading audio files and the streamed mel front end: no model, no options",
+          ("medusa_whisper.sniff", "medusa_whisper.audio", "medusa_whisper.mel")),
+    Layer("kernels", "tensor-level pieces (measured linear routes, row-invariant attention, the static cache, masks): "
+                     "no model, no I/O beyond the route timings' cache file",
+          ("medusa_whisper.routes", "medusa_whisper.invariant_attention", "medusa_whisper.kv_cache",
+           "medusa_whisper.masks")),
+    Layer("proposer seam", "what the decoding loop sees of any proposer (candidate trees, propose() and "
+                           "commit()): plain data and masks, no model",
+          ("medusa_whisper.drafting", "medusa_whisper.drafting.tree", "medusa_whisper.drafting.base")),
+    Layer("compute types", "int8/bfloat16 layers and the load-time surgery that swaps them in; below the decoder "
+                           "because the decoder reads its projection (compute.projected_rows)",
+          ("medusa_whisper.compute",)),
+    Layer("decoder and heads", "whisper's decoder run with explicit positions, cache slots and masks; the Medusa "
+                               "head modules",
+          ("medusa_whisper.decoder", "medusa_whisper.heads")),
+    Layer("drafters", "draft head modules and their proposers, one layer because DraftHead.proposer() builds its "
+                      "own proposer; draft_head loads eagle/ctc/union by name (importlib), unseen by ast",
+          ("medusa_whisper.drafting.draft_head", "medusa_whisper.drafting.ctc_units",
+           "medusa_whisper.drafting.ctc_draft", "medusa_whisper.drafting.ctc_lexicon",
+           "medusa_whisper.drafting.ctc_proposer", "medusa_whisper.drafting.ctc", "medusa_whisper.drafting.eagle",
+           "medusa_whisper.drafting.union", "medusa_whisper.drafting.medusa", "medusa_whisper.drafting.draft_model",
+           "medusa_whisper.drafting.replay")),
+    Layer("decoding", "the options, the speculative loop and verify(); knows proposers only through the seam",
+          ("medusa_whisper.decoding",)),
+    Layer("model", "the whisper-shaped surface: MedusaWhisper imports transcribe at top level for its method, as "
+                   "whisper/model.py does, while transcribe takes the model as an argument and never imports it",
+          ("medusa_whisper.transcribe", "medusa_whisper.model")),
+    Layer("store", "where weights come from: source formats (CTranslate2, Hugging Face), the catalogue of names, "
+                   "downloads, the file cache and its manifest; reads model.model_shapes to check conversions",
+          ("medusa_whisper.ctranslate2", "medusa_whisper.hf", "medusa_whisper.weights")),
+    Layer("loading", "a ready model from a name or path (heads, draft heads, compute type); convert writes any "
+                     "source as a whisper .pt",
+          ("medusa_whisper.loading", "medusa_whisper.convert")),
+    Layer("facade", "the whisper-compatible top-level names (import medusa_whisper as whisper)",
+          ("medusa_whisper",)),
+    Layer("applications", "transcript files, batches, Ray, WER evaluation: users of the facade",
+          ("medusa_whisper.outputs", "medusa_whisper.batch", "medusa_whisper.distributed",
+           "medusa_whisper.evaluation")),
+    Layer("training", "fitting heads on a frozen base model: windows, cached features, the loops, their CLIs",
+          ("medusa_whisper.training", "medusa_whisper.training.windows", "medusa_whisper.training.features",
+           "medusa_whisper.training.plots", "medusa_whisper.training.best", "medusa_whisper.training.trainer",
+           "medusa_whisper.training.eagle", "medusa_whisper.training.ctc", "medusa_whisper.training.ctc_cli",
+           "medusa_whisper.training.cli")),
+    Layer("command line", "medusa-whisper: every subcommand, training's included",
+          ("medusa_whisper.cli",)),
+)
+
+
+def layer_of() -> dict:
+    """{module name: index of its layer in LAYERS}."""
+    return {module: i for i, layer in enumerate(LAYERS) for module in layer.modules}
