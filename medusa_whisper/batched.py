@@ -28,11 +28,12 @@ from torch import Tensor
 from whisper.decoding import DecodingTask
 from whisper.model import Whisper
 
-from .decoder import DecoderCache, block_caches, chain_mask, decoder_hidden, decoder_rows_step, new_cache, project
+from .decoder import DecoderCache, block_caches, decoder_hidden, decoder_rows_step, new_cache, project
 from .decoding import (MedusaDecodingOptions, MedusaDecodingResult, _Generation, as_medusa_options, verify,
                        window_filters, window_result)
 from .drafting.base import ProposerStats
 from .drafting.tree import CandidateTree
+from .masks import chain_mask
 
 
 def batchable(options: MedusaDecodingOptions) -> bool:

@@ -49,8 +49,9 @@ LAYERS: Tuple[Layer, ...] = (
            "medusa_whisper.drafting.ctc_proposer", "medusa_whisper.drafting.ctc", "medusa_whisper.drafting.eagle",
            "medusa_whisper.drafting.union", "medusa_whisper.drafting.medusa", "medusa_whisper.drafting.draft_model",
            "medusa_whisper.drafting.replay")),
-    Layer("decoding", "the options, the speculative loop and verify(); knows proposers only through the seam",
-          ("medusa_whisper.decoding",)),
+    Layer("decoding", "the options, the speculative loop and verify(); knows proposers only through the seam; "
+                      "batched greedy decoding of many windows, which reuses verify() and the result fields",
+          ("medusa_whisper.decoding", "medusa_whisper.batched")),
     Layer("model", "the whisper-shaped surface: MedusaWhisper imports transcribe at top level for its method, as "
                    "whisper/model.py does, while transcribe takes the model as an argument and never imports it",
           ("medusa_whisper.transcribe", "medusa_whisper.model")),
@@ -58,8 +59,8 @@ LAYERS: Tuple[Layer, ...] = (
                    "downloads, the file cache and its manifest; reads model.model_shapes to check conversions",
           ("medusa_whisper.ctranslate2", "medusa_whisper.hf", "medusa_whisper.weights")),
     Layer("loading", "a ready model from a name or path (heads, draft heads, compute type); convert writes any "
-                     "source as a whisper .pt",
-          ("medusa_whisper.loading", "medusa_whisper.convert")),
+                     "source as a whisper .pt, ggml a model as whisper.cpp's file",
+          ("medusa_whisper.loading", "medusa_whisper.convert", "medusa_whisper.ggml")),
     Layer("facade", "the whisper-compatible top-level names (import medusa_whisper as whisper)",
           ("medusa_whisper",)),
     Layer("applications", "transcript files, batches, Ray, WER evaluation: users of the facade",
