@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 THREADS ?= 2
 
-.PHONY: setup demo test test-quick speed bench bench-quick bench-setup bench-packages bench-long bench-pass corpus speech heads clean
+.PHONY: setup demo test test-quick speed bench bench-quick bench-setup bench-packages bench-long bench-pass bench-batch corpus speech heads clean
 
 setup: $(VENV)/.installed
 
@@ -54,6 +54,13 @@ bench-quick: bench-setup
 # set at the bandwidth measured here (tools/bench_pass.py). Results: bench_out/pass_<model>.json.
 bench-pass: setup
 	$(BIN)/python tools/bench_pass.py --model $(MODEL) --threads $(THREADS) --out bench_out/pass_$(MODEL).json
+
+# Archive throughput against --batch-size on the longest real recordings, beside faster-whisper int8 one
+# file at a time (tools/bench_batch.py). Results: bench_out/batch_<model>.{json,md,png}.
+BATCH_FILES ?= 64
+BATCH_SIZES ?= 1,4,8,16
+bench-batch: bench-setup
+	$(BIN)/python tools/bench_batch.py --model $(MODEL) --threads $(THREADS) --files $(BATCH_FILES) --batch-sizes $(BATCH_SIZES) --out bench_out/batch_$(MODEL)
 
 # What the bench needs before it measures: Debian packages, the bench extra, the held-out corpus and
 # the real recordings. Packages: the speech synthesisers and texts tools/make_corpus.py asks for, and
