@@ -94,18 +94,24 @@ class StaticKVCache:
         view.n_head, view.slot_dim, view.length = self.n_head, self.slot_dim, 0
         return view
 
+    def reorder(self, items: Tensor) -> None:
+        """Batch item b becomes a copy of item ``items[b]`` (beam search keeps the best beams, some of
+        them twice; whisper's ``rearrange_kv_cache``). Every slot is copied, written or not."""
+        self.keys = self.keys.index_select(1, items)
+        self.values = self.values.index_select(1, items)
+
     def write_rows(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> None:
         """Store one new token per batch item, item b's at slot ``positions[b]``: streams of different
         windows side by side, each at its own position. k, v : (batch, 1, n_state). The length is
         per item here, so ``length`` is left to the caller (batched.py keeps each stream's)."""
         items = torch.arange(k.shape[0], device=k.device)
         if self.n_head is None:
-            self.keys[layer, items, positions] = k[:, 0]
-            self.values[layer, items, positions] = v[:, 0]
+            self.keys[layer, items, positions] = k[:, 0].to(self.keys.dtype)  # index_put does not cast
+            self.values[layer, items, positions] = v[:, 0].to(self.values.dtype)
         else:
             batch, _, n_state = k.shape
-            self.keys[layer, items, :, positions] = k.view(batch, self.n_head, -1)
-            self.values[layer, items, :, positions] = v.view(batch, self.n_head, -1)
+            self.keys[layer, items, :, positions] = k.view(batch, self.n_head, -1).to(self.keys.dtype)
+            self.values[layer, items, :, positions] = v.view(batch, self.n_head, -1).to(self.values.dtype)
 
 
 class CrossKV:
