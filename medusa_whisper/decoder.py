@@ -53,25 +53,28 @@ class DecoderCache:
         return DecoderCache(self.self_attn.batch_items(first, stop), self.cross_attn.batch_items(first, stop), self.dtype)
 
 
-def new_cache(decoder: TextDecoder, audio_features: Tensor) -> DecoderCache:
+def new_cache(decoder: TextDecoder, audio_features: Tensor, rows_per_audio: int = 1) -> DecoderCache:
     """Allocate the self-attention buffers and compute the cross-attention keys/values once.
 
     audio_features : shape = (batch, n_audio_ctx, n_audio_state)
+    rows_per_audio : sequences decoded per audio (sampling's best_of, beam search's beams): the
+                     self-attention cache gets batch * rows_per_audio items, rows r*k..r*k+k-1 of
+                     audio r, and they all read that audio's one copy of the cross keys and values
     """
     n_ctx = decoder.positional_embedding.shape[0]
-    self_attn, cross_attn = block_caches(decoder.blocks, n_ctx, audio_features)
+    self_attn, cross_attn = block_caches(decoder.blocks, n_ctx, audio_features, rows_per_audio)
     return DecoderCache(self_attn=self_attn, cross_attn=cross_attn, dtype=audio_features.dtype)
 
 
-def block_caches(blocks, n_ctx: int, audio_features: Tensor) -> Tuple[StaticKVCache, CrossKV]:
+def block_caches(blocks, n_ctx: int, audio_features: Tensor, rows_per_audio: int = 1) -> Tuple[StaticKVCache, CrossKV]:
     """The self-attention cache and cross-attention keys/values for ``blocks`` (the decoder's, or a
     draft head's one block), in the layout their attention reads: head-major bfloat16 over every
-    slot for ``invariant_attention``, else the features' dtype."""
+    slot for ``invariant_attention``, else the features' dtype. ``rows_per_audio`` as for ``new_cache``."""
     batch, _, n_state = audio_features.shape
     dtype, device = audio_features.dtype, audio_features.device
     fixed = row_invariant(blocks[0].attn)
     # fixed-length attention reads every slot (with weight 0 beyond the written ones): no garbage
-    self_attn = StaticKVCache(len(blocks), batch, n_ctx, n_state, invariant_dtype(blocks[0].attn) if fixed else dtype,
+    self_attn = StaticKVCache(len(blocks), batch * rows_per_audio, n_ctx, n_state, invariant_dtype(blocks[0].attn) if fixed else dtype,
                               device, zeroed=fixed, n_head=blocks[0].attn.n_head if fixed else None)
     cross = blocks[0].cross_attn
     cross_attn = CrossKV(blocks, audio_features, invariant_dtype(cross) if row_invariant(cross) else None)
@@ -162,8 +165,22 @@ def block_forward(
     if row_invariant(block.attn):  # every slot, the unwritten ones masked: one shape for every pass
         k, v = cache.keys[layer], cache.values[layer]
     x = x + attend(block.attn, h, k, v, mask, q=q)
-    x = x + attend(block.cross_attn, block.cross_attn_ln(x), cross_k, cross_v, None)
+    x = x + cross_attention(block, x, cross_k, cross_v)
     return x + _mlp(block.mlp, block.mlp_ln(x))
+
+
+def cross_attention(block: ResidualAttentionBlock, x: Tensor, cross_k: Tensor, cross_v: Tensor) -> Tensor:
+    """The block's cross-attention of x (batch * k, n, n_state) over keys and values of ``batch``
+    audios: when k > 1 (several sequences per audio, see ``new_cache``), the k rows of one audio are
+    its queries side by side (cross-attention has no mask), so each audio's keys and values are
+    stored and read once per pass, not once per sequence as whisper's repeated features are."""
+    audios = cross_k.shape[0]
+    c = block.cross_attn_ln(x)
+    if x.shape[0] == audios:
+        return attend(block.cross_attn, c, cross_k, cross_v, None)
+    rows, n, n_state = x.shape
+    out = attend(block.cross_attn, c.reshape(audios, (rows // audios) * n, n_state), cross_k, cross_v, None)
+    return out.reshape(rows, n, n_state)
 
 
 def self_attention_mask(attn: MultiHeadAttention, mask: Optional[Tensor], start: int, n: int,

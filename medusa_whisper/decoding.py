@@ -25,6 +25,7 @@ from whisper.decoding import DecodingOptions, DecodingResult, DecodingTask, Logi
 from whisper.model import Whisper
 from whisper.utils import compression_ratio
 
+from .candidates import decode_candidates
 from .decoder import decoder_hidden, new_cache, project
 from .drafting.base import Committed, Proposer, ProposerStats
 from .drafting.medusa import MedusaProposer
@@ -365,17 +366,20 @@ def window_result(task: DecodingTask, options: MedusaDecodingOptions, common: di
     )
 
 
-def _decode_vanilla(model: Whisper, mel: Tensor, options: MedusaDecodingOptions) -> List[MedusaDecodingResult]:
-    """Sampling (temperature > 0) and beam search: whisper's own decoder, timed.
+def _decode_candidates(model: Whisper, mel: Tensor, options: MedusaDecodingOptions) -> List[MedusaDecodingResult]:
+    """Sampling (temperature > 0) and beam search: whisper's DecodingTask with the package's decoder
+    passes (candidates.py), timed.
 
-    Differs from whisper: nothing, by design. Speculation is only defined here for greedy decoding.
+    Differs from whisper: the passes only (one cache, cross keys and values once per audio, the
+    compute type's kernels); what is chosen and how it is ranked is whisper's. Speculation is only
+    defined for greedy decoding.
     """
     began = time.perf_counter()
-    results = DecodingTask(model, options).run(mel)
+    results, passes = decode_candidates(model, mel, options)
     seconds = time.perf_counter() - began
     return [
         MedusaDecodingResult(**{f.name: getattr(r, f.name) for f in fields(DecodingResult)},
-                             decoder_steps=len(r.tokens) + 1, tokens_produced=len(r.tokens) + 1,
+                             decoder_steps=passes, tokens_produced=len(r.tokens) + 1,
                              mode="vanilla", decode_seconds=seconds / len(results))
         for r in results
     ]
@@ -404,7 +408,7 @@ def decode(
     if single:
         mel = mel.unsqueeze(0)
     if options.temperature > 0 or options.beam_size is not None:
-        return _single_or_list(_decode_vanilla(model, mel, options), single)
+        return _single_or_list(_decode_candidates(model, mel, options), single)
     draft = draft if draft is not None else getattr(model, "draft_model", None)
     if draft is not None:
         draft_mel = _draft_input(draft, mel, draft_mel)

@@ -50,8 +50,9 @@ LAYERS: Tuple[Layer, ...] = (
            "medusa_whisper.drafting.union", "medusa_whisper.drafting.medusa", "medusa_whisper.drafting.draft_model",
            "medusa_whisper.drafting.replay")),
     Layer("decoding", "the options, the speculative loop and verify(); knows proposers only through the seam; "
-                      "batched greedy decoding of many windows, which reuses verify() and the result fields",
-          ("medusa_whisper.decoding", "medusa_whisper.batched")),
+                      "batched greedy decoding of many windows, which reuses verify() and the result fields; "
+                      "sampling and beam search as whisper's DecodingTask over the package's step (candidates)",
+          ("medusa_whisper.candidates", "medusa_whisper.decoding", "medusa_whisper.batched")),
     Layer("model", "the whisper-shaped surface: MedusaWhisper imports transcribe at top level for its method, as "
                    "whisper/model.py does, while transcribe takes the model as an argument and never imports it",
           ("medusa_whisper.transcribe", "medusa_whisper.model")),

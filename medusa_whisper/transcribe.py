@@ -116,9 +116,15 @@ def _decode_with_fallback(mel_segment: torch.Tensor, decode_options: dict, medus
                           temperatures: Sequence[float], thresholds: _Thresholds, stats: TranscriptionStats,
                           draft_mel: Optional[torch.Tensor]) -> Generator[WindowRequest, MedusaDecodingResult,
                                                                           MedusaDecodingResult]:
-    """Decode at each temperature in turn until the result passes the thresholds (whisper's rule)."""
+    """Decode at each temperature in turn until the result passes the thresholds (whisper's rule).
+
+    Departs from whisper, which encodes the window again at every temperature: after the first
+    decoding, the window's encoder output is passed instead of its log-Mel (``decode`` then skips
+    the encoder), the same numbers without another encoder pass."""
     result = None
     for i, t in enumerate(temperatures):
+        if result is not None and result.audio_features is not None:
+            mel_segment = result.audio_features
         kwargs = dict(decode_options)
         if t > 0:
             kwargs.pop("beam_size", None)  # sampling: no beam search

@@ -1,0 +1,131 @@
+"""Sampling with ``best_of`` candidates and beam search, run on this package's decoder step.
+
+whisper's temperature fallback decodes a failed window again at temperatures 0.2 ... 1.0, each time
+with ``best_of`` sampled candidates (or ``beam_size`` beams at temperature 0). Its ``DecodingTask``
+repeats the audio features once per candidate, grows a hook cache by concatenation every token, and
+projects every prompt position onto the vocabulary on its first pass: with a 200-token prompt and
+five candidates that first pass alone multiplies 1,000 rows by the 51,865-word embedding.
+
+Here whisper's own ``DecodingTask`` still does everything that decides what is written (its token
+decoders, sampling, beam search with patience, logit filters, sum-logprob and length-penalty
+ranking, result fields); only the decoder passes are ours:
+
+- one preallocated cache (``decoder.new_cache``) with a row per candidate, the audio's
+  cross-attention keys and values computed and stored once and read by all of its candidates in one
+  product (``decoder.cross_attention``);
+- the first pass projects only the two positions whisper reads (the start-of-transcript token's,
+  for the no-speech probability, and the last one's);
+- beam search's reordering is an index_select of the cache rows (``StaticKVCache.reorder``);
+- the model's compute type (int8, bfloat16) and, for a Medusa model with a base head, the logits
+  greedy decoding uses (``heads.base_state``), which whisper's decoder would not apply.
+
+Differs from whisper: the logits are the package's (same float32 math, other kernels), so a sampled
+candidate draws from the same distribution but not necessarily the same bits; the draws themselves
+come from torch's global generator exactly as whisper's ``Categorical.sample`` takes them.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+from whisper.decoding import BeamSearchDecoder, DecodingOptions, DecodingResult, DecodingTask, Inference
+from whisper.model import Whisper
+
+from .decoder import DecoderCache, decoder_hidden, new_cache, project
+from .masks import chain_mask
+
+
+class StepInference(Inference):
+    """whisper's ``Inference`` over ``decoder.decoder_hidden`` and a static cache.
+
+    ``rows_per_audio`` (whisper's ``n_group``: best_of or beam_size) rows of the token batch belong to
+    each audio, consecutively, as ``DecodingTask.run`` repeats them.
+    """
+
+    def __init__(self, model: Whisper, rows_per_audio: int):
+        self.model = model
+        self.rows_per_audio = rows_per_audio
+        self.cache: Optional[DecoderCache] = None
+        self.passes = 0
+
+    def _base_state(self, hidden: Tensor) -> Tensor:
+        heads = getattr(self.model, "medusa", None)
+        return heads.base_state(hidden) if heads is not None else hidden
+
+    def _hidden(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
+        """The decoder states of the tokens not yet in the cache: all of them on the first pass,
+        the last one after."""
+        decoder = self.model.decoder
+        if self.cache is None:
+            self.cache = new_cache(decoder, audio_features[:: self.rows_per_audio], self.rows_per_audio)
+        start = self.cache.length
+        new = tokens[:, start:]
+        n = new.shape[1]
+        positions = torch.arange(start, start + n, device=tokens.device)
+        self.passes += 1
+        return decoder_hidden(decoder, new, positions, self.cache, start, chain_mask(start, n, tokens.device))
+
+    def logits(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
+        """whisper's interface: logits at every new position (what ``next_logits`` avoids)."""
+        return project(self.model.decoder, self._base_state(self._hidden(tokens, audio_features)))
+
+    def next_logits(self, tokens: Tensor, audio_features: Tensor, sot_index: Optional[int]
+                    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Logits at the last position (batch, n_vocab), and on the first pass also at ``sot_index``
+        (None: not wanted), projecting only those rows."""
+        first = self.cache is None
+        hidden = self._hidden(tokens, audio_features)
+        wanted = [hidden.shape[1] - 1] if not first or sot_index is None else [sot_index, hidden.shape[1] - 1]
+        logits = project(self.model.decoder, self._base_state(hidden[:, wanted]))
+        return logits[:, -1], (logits[:, 0] if len(wanted) == 2 else None)
+
+    def rearrange_kv_cache(self, source_indices) -> None:
+        if self.cache is not None and list(source_indices) != list(range(len(source_indices))):
+            self.cache.self_attn.reorder(torch.as_tensor(source_indices, device=self.cache.self_attn.keys.device))
+
+    def cleanup_caching(self) -> None:
+        self.cache = None
+
+
+class StepDecodingTask(DecodingTask):
+    """whisper's ``DecodingTask`` whose decoder passes are ``StepInference``'s."""
+
+    def __init__(self, model: Whisper, options: DecodingOptions):
+        super().__init__(model, options)
+        self.inference = StepInference(model, self.n_group)
+        if isinstance(self.decoder, BeamSearchDecoder):
+            self.decoder.inference = self.inference
+
+    def _main_loop(self, audio_features: Tensor, tokens: Tensor):
+        """whisper's ``_main_loop`` line for line, except that the first pass projects only the two
+        positions it reads (``StepInference.next_logits``)."""
+        n_batch = tokens.shape[0]
+        sum_logprobs: Tensor = torch.zeros(n_batch, device=audio_features.device)
+        no_speech_probs = [np.nan] * n_batch
+        wants_no_speech = self.tokenizer.no_speech is not None
+        try:
+            for i in range(self.sample_len):
+                logits, sot_logits = self.inference.next_logits(
+                    tokens, audio_features, self.sot_index if i == 0 and wants_no_speech else None)
+                if sot_logits is not None:
+                    no_speech_probs = sot_logits.float().softmax(dim=-1)[:, self.tokenizer.no_speech].tolist()
+                for logit_filter in self.logit_filters:
+                    logit_filter.apply(logits, tokens)
+                tokens, completed = self.decoder.update(tokens, logits, sum_logprobs)
+                if completed or tokens.shape[-1] > self.n_ctx:
+                    break
+        finally:
+            self.inference.cleanup_caching()
+        return tokens, sum_logprobs, no_speech_probs
+
+
+def decode_candidates(model: Whisper, mel: Tensor, options: DecodingOptions) -> Tuple[List[DecodingResult], int]:
+    """Sampling (temperature > 0, ``best_of`` candidates) or beam search (``beam_size``) of a batch of
+    windows, with whisper's semantics, on the package's step: whisper's results and the number of
+    decoder passes. mel : (batch, n_mels, 3000), or the encoder's output."""
+    task = StepDecodingTask(model, options)
+    results = task.run(mel)
+    return results, task.inference.passes
