@@ -79,6 +79,12 @@ LONG_AUDIO ?= data/long/real_8min.flac
 bench-long: setup $(LONG_AUDIO)
 	$(BIN)/python tools/bench_long.py --audio $(LONG_AUDIO) --model $(MODEL) --threads $(THREADS) --out bench_out/long_$(MODEL)
 
+# A fallback-heavy recording: every real clip said three times in a row (whisper's compression-ratio
+# rule then rejects greedy windows and the temperature fallback samples): `make bench-long LONG_AUDIO=$@`
+data/long/real_repeated_3min.flac: | bench-packages
+	test -f data/real/real.csv || $(BIN)/python tools/fetch_real_speech.py
+	$(BIN)/python tools/make_long_audio.py --csv data/real/real.csv --minutes 3 --repeat 3 --long-pause-every 0 --out $@
+
 data/long/real_8min.flac: | bench-packages
 	test -f data/real/real.csv || $(BIN)/python tools/fetch_real_speech.py
 	$(BIN)/python tools/make_long_audio.py --csv data/real/real.csv --minutes 8 --out $@

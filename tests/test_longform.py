@@ -101,6 +101,16 @@ def long_recording(tmp_path_factory):
     return path
 
 
+def test_repeated_recording_says_every_clip_several_times_in_a_row():
+    clips = [(path, path.stem) for path in sorted(DATA.glob("*.flac"))[:3]]
+    samples, sentences = make_long_audio.build(clips, minutes=0.5, seed=0, long_pause_every=0, repeat=3)
+    assert len(samples) >= 30 * 16000
+    assert len(sentences) % 3 == 0 and len(sentences) >= 6
+    for first in range(0, len(sentences), 3):
+        assert len(set(sentences[first:first + 3])) == 1
+    assert len(set(sentences[::3])) > 1
+
+
 @pytest.fixture(scope="module")
 def block_model():
     return medusa_whisper.load_model("tiny.en-medusa-block", device="cpu")

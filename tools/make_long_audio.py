@@ -7,8 +7,13 @@ that some 30-s windows hold no speech at all (whisper's no-speech path). A littl
 to the silences, as a real room would have. Writes OUT (FLAC, 16 kHz mono) and OUT.txt, the
 clips' sentences in order when a CSV with a ``sentence`` column is given.
 
+``--repeat N`` says every clip N times in a row (short pauses between): the text is then very
+compressible, so whisper's compression-ratio rule rejects greedy windows and the temperature
+fallback fires, as it does on repetitive speech, chants or looping music.
+
     python tools/make_long_audio.py --csv data/real/real.csv --minutes 10 --out data/long/real_10min.flac
     python tools/make_long_audio.py tests/data/*.flac --minutes 5 --out /tmp/long.flac
+    python tools/make_long_audio.py --csv data/real/real.csv --minutes 3 --repeat 3 --out data/long/real_repeated_3min.flac
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ def read_clips(files: Sequence[Path], csv_path: Optional[Path]) -> List[Tuple[Pa
 
 
 def build(clips: Sequence[Tuple[Path, str]], minutes: float, seed: int = 0, long_pause: float = 40.0,
-          long_pause_every: int = 25, noise_db: float = -60.0) -> Tuple[np.ndarray, List[str]]:
+          long_pause_every: int = 25, noise_db: float = -60.0, repeat: int = 1) -> Tuple[np.ndarray, List[str]]:
     """Samples (float32, 16 kHz) of at least ``minutes`` minutes, and the sentences in order."""
     rng = np.random.default_rng(seed)
     target = int(minutes * 60 * SAMPLE_RATE)
@@ -51,8 +56,9 @@ def build(clips: Sequence[Tuple[Path, str]], minutes: float, seed: int = 0, long
             path, sentence = clips[index]
             samples = load_audio(path)
             peak = float(np.abs(samples).max())
-            pieces += [samples * (0.5 / peak if peak > 0 else 1.0), silence(rng.uniform(0.2, 3.0))]
-            sentences.append(sentence)
+            for _ in range(repeat):
+                pieces += [samples * (0.5 / peak if peak > 0 else 1.0), silence(rng.uniform(0.2, 3.0))]
+                sentences.append(sentence)
             used += 1
             if long_pause_every and used % long_pause_every == 0:
                 pieces.append(silence(long_pause))
@@ -71,11 +77,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--long-pause", type=float, default=40.0, metavar="SECONDS")
     parser.add_argument("--long-pause-every", type=int, default=25, metavar="CLIPS")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N", help="say every clip N times in a row")
     args = parser.parse_args(argv)
     clips = read_clips(args.files, args.csv)
     if not clips:
         parser.error("give audio files or --csv")
-    samples, sentences = build(clips, args.minutes, args.seed, args.long_pause, args.long_pause_every)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    samples, sentences = build(clips, args.minutes, args.seed, args.long_pause, args.long_pause_every,
+                               repeat=args.repeat)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sf.write(args.out, samples, SAMPLE_RATE, subtype="PCM_16")
     if any(sentences):
