@@ -214,3 +214,5 @@ def test_bench_long_checks_each_compute_type_against_its_own_greedy_output():
     for row in heads:
         want = whisper_row if row["compute_type"] == "float32" else "medusa_whisper off int8"
         assert row["reference"] == want, row["name"]
+    plain = [r["name"] for r in bench_long.systems("base", ("int8",), heads=False)]
+    assert plain == [whisper_row, "medusa_whisper off int8"]

@@ -40,7 +40,7 @@ INT8_OPTIONS = {"-medusa": dict(tree_width=3, tree_nodes=10), "-eagle": dict(dra
                 "-ctc+eagle": dict(draft_tokens=2)}
 
 
-def systems(model_name: str, compute_types: Sequence[str] = ("float32", "int8")) -> List[Dict]:
+def systems(model_name: str, compute_types: Sequence[str] = ("float32", "int8"), heads: bool = True) -> List[Dict]:
     """whisper.transcribe, then per compute type our plain decoder and every shipped head.
 
     A row's ``reference`` is the row whose segments it must equal: whisper's for float32 (lossless
@@ -53,7 +53,7 @@ def systems(model_name: str, compute_types: Sequence[str] = ("float32", "int8"))
         off["reference"] = rows[0]["name"] if compute_type == "float32" else off["name"]
         rows.append(off)
         for suffix, options in (HEAD_OPTIONS if compute_type == "float32" else INT8_OPTIONS).items():
-            if not missing_heads(model_name + suffix):
+            if heads and not missing_heads(model_name + suffix):
                 described = ",".join(f"{k}={v}" for k, v in options.items())
                 rows.append(dict(name=f"{model_name}{suffix} lossless{tag}" + (f" ({described})" if described else ""),
                                  model=model_name + suffix, mode="lossless", options=options,
@@ -61,20 +61,23 @@ def systems(model_name: str, compute_types: Sequence[str] = ("float32", "int8"))
     return rows
 
 
-def run_once(system: Dict, models: Dict, audio_path: Path) -> Dict:
+def run_once(system: Dict, models: Dict, audio_path: Path, best_of: Optional[int] = None) -> Dict:
     model = models[system["model"], system["compute_type"]]
     torch.manual_seed(0)
     began = time.perf_counter()
     if system.get("vanilla"):
-        result = whisper.transcribe(model, load_audio(audio_path), fp16=False, language="en")
+        result = whisper.transcribe(model, load_audio(audio_path), fp16=False, language="en", best_of=best_of)
     else:
-        result = model.transcribe(audio_path, mode=system["mode"], language="en", **system.get("options", {}))
+        result = model.transcribe(audio_path, mode=system["mode"], language="en", best_of=best_of,
+                                  **system.get("options", {}))
     return dict(seconds=time.perf_counter() - began, result=result)
 
 
-def run_faster_whisper(model_name: str, compute_type: str, audio_path: Path, threads: int) -> Dict:
+def run_faster_whisper(model_name: str, compute_type: str, audio_path: Path, threads: int,
+                       best_of: Optional[int] = None) -> Dict:
     """faster-whisper's transcribe with whisper.transcribe's defaults as far as it has them: greedy
-    with temperature fallback, the previous text as prompt, timestamps, no VAD."""
+    with temperature fallback (``best_of`` candidates, one when None, as whisper.transcribe samples),
+    the previous text as prompt, timestamps, no VAD."""
     from faster_whisper import WhisperModel
 
     from medusa_whisper import weights
@@ -84,7 +87,7 @@ def run_faster_whisper(model_name: str, compute_type: str, audio_path: Path, thr
     audio = load_audio(audio_path)
     list(fw.transcribe(audio[: 16000 * 30], language="en", beam_size=1, best_of=1, vad_filter=False)[0])  # warm-up
     began = time.perf_counter()
-    segments = list(fw.transcribe(audio, language="en", beam_size=1, best_of=1, vad_filter=False)[0])
+    segments = list(fw.transcribe(audio, language="en", beam_size=1, best_of=best_of or 1, vad_filter=False)[0])
     return dict(seconds=time.perf_counter() - began, segments=segments, text="".join(s.text for s in segments))
 
 
@@ -97,11 +100,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--faster-whisper", default="int8,float32", metavar="TYPES",
                         help="faster-whisper compute types to run after every other row, once (empty: none)")
     parser.add_argument("--compute-types", default="float32,int8", help="comma-separated (default float32,int8)")
+    parser.add_argument("--no-heads", action="store_true", help="plain decoding rows only (no shipped heads)")
+    parser.add_argument("--best-of", type=int, default=None, metavar="N",
+                        help="candidates sampled per fallback temperature, for every system (default: "
+                             "whisper.transcribe's, one)")
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    rows = systems(args.model, args.compute_types.split(","))
+    rows = systems(args.model, args.compute_types.split(","), heads=not args.no_heads)
     models = {}
     for row in rows:
         key = row["model"], row["compute_type"]
@@ -122,7 +129,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results: Dict[str, dict] = {}
     for round_index in range(args.rounds):
         for row in rows:
-            run = run_once(row, models, args.audio)
+            run = run_once(row, models, args.audio, args.best_of)
             times[row["name"]].append(run["seconds"])
             results[row["name"]] = run["result"]
             print(f"round {round_index + 1}: {row['name']}: {run['seconds']:.1f} s", file=sys.stderr, flush=True)
@@ -139,7 +146,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fw_rows = []
     for compute_type in filter(None, args.faster_whisper.split(",")):
         try:
-            run = run_faster_whisper(args.model, compute_type, args.audio, args.threads)
+            run = run_faster_whisper(args.model, compute_type, args.audio, args.threads, args.best_of)
         except ImportError:
             print("faster-whisper is not installed (make bench-setup installs it): its rows are skipped",
                   file=sys.stderr)
@@ -168,7 +175,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     table += fw_rows
     header = (f"`{args.audio.name}`, {duration / 60:.1f} min; model `{args.model}` on cpu, {args.threads} threads; "
-              f"whisper.transcribe's default options (fallback on, timestamps on); median of {args.rounds} "
+              f"whisper.transcribe's default options (fallback on, timestamps on"
+              f"{f', best_of {args.best_of}' if args.best_of else ''}); median of {args.rounds} "
               f"round(s); {platform.processor() or platform.machine()}; torch {torch.__version__}; "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))}, {time.time() - began:.0f} s.")
     lines = [header, "", "| system | seconds | speedup vs whisper.transcribe | tokens/step | windows | fallback windows "
