@@ -220,6 +220,10 @@ def _add_transcribe_parser(commands) -> None:
     _option(t, "--batch-size", type=_positive_int, default=1, metavar="N",
             help="decode the greedy windows of up to N files side by side, one decoder pass for all (each file's "
                  "result is the one it gets alone: bit for bit at int8); default 1: one file after another")
+    _option(t, "--vad-chunks", action="store_true",
+            help="long recordings, fast: cut each file's speech into chunks of at most 30 s (Silero VAD; pip install "
+                 "'medusa-whisper[vad]') and decode --batch-size of them side by side (default 8), each without the "
+                 "previous text, as faster-whisper's batched pipeline does: not whisper's text")
     _option(t, "--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
     _add_draft_arguments(t)
     _add_compute_type_arguments(t)
@@ -241,7 +245,7 @@ def _add_transcribe_parser(commands) -> None:
     _option(decoding, "--best-of", type=_optional_positive_int, default=5, metavar="N",
             help="candidates sampled at a fallback temperature (default: 5)")
     _option(decoding, "--beam-size", type=_optional_positive_int, default=None, metavar="N",
-            help="beam search with N beams through whisper's own decoder (default: none, greedy; "
+            help="beam search with N beams, whisper's, on medusa_whisper's decoder step (default: none, greedy; "
                  "whisper's command line defaults to 5)")
     decoding.add_argument("--patience", type=float, default=None, help="beam search patience (whisper's)")
     _option(decoding, "--length-penalty", type=float, default=None, metavar="ALPHA",
@@ -391,8 +395,8 @@ def _options_notes(args: argparse.Namespace) -> List[str]:
     notes = []
     if args.beam_size is not None or args.temperature > 0:
         asked = f"--beam-size {args.beam_size}" if args.beam_size is not None else f"--temperature {args.temperature}"
-        notes.append(f"{asked}: decoded by openai-whisper's own decoder; Medusa speculation (heads or a draft "
-                     f"model) applies to greedy decoding only")
+        notes.append(f"{asked}: whisper's sampling and beam search, run on medusa_whisper's step; Medusa "
+                     f"speculation (heads or a draft model) applies to greedy decoding only")
     if args.batch_size > 1 and (args.beam_size is not None or args.mode == "typical"):
         asked = f"--beam-size {args.beam_size}" if args.beam_size is not None else "--mode typical"
         notes.append(f"{asked}: windows are decoded one at a time; --batch-size batches greedy windows only")
@@ -420,6 +424,14 @@ def _transcribe(args: argparse.Namespace) -> int:
     if problem:
         _error(problem)
         return 2
+    if args.vad_chunks:
+        from .vad import VadUnavailable, check_available
+
+        try:
+            check_available()
+        except VadUnavailable as error:
+            _error(str(error))
+            return 1
     if args.ray is not None:
         return _transcribe_on_ray(args)
     if args.threads:
@@ -533,7 +545,7 @@ def _run_jobs(model, jobs, args: argparse.Namespace, output_formats, summary, ma
     options = transcribe_options(args)
     writer_options = {k: getattr(args, k) for k in WRITER_OPTIONS}
     show_bars = args.verbose is False or (args.verbose is UNSET and sys.stderr.isatty())
-    if args.batch_size > 1 and len(jobs) > 1:
+    if args.batch_size > 1 and len(jobs) > 1 and not args.vad_chunks:  # --vad-chunks batches within a file
         _run_jobs_batched(model, jobs, args, options, output_formats, writer_options, summary, show_bars)
         return
     files_bar = tqdm(jobs, unit="file", file=sys.stderr, disable=not many or not show_bars)
@@ -614,7 +626,13 @@ def transcribe_options(args: argparse.Namespace, for_workers: bool = False) -> d
                 append_punctuations=args.append_punctuations,
                 hallucination_silence_threshold=args.hallucination_silence_threshold, verbose=verbose,
                 best_of=args.best_of, beam_size=args.beam_size, patience=args.patience,
-                length_penalty=args.length_penalty, suppress_tokens=args.suppress_tokens, fp16=args.fp16)
+                length_penalty=args.length_penalty, suppress_tokens=args.suppress_tokens, fp16=args.fp16,
+                **(dict(vad_chunks=True, batch_size=_chunk_batch(args)) if getattr(args, "vad_chunks", False) else {}))
+
+
+def _chunk_batch(args: argparse.Namespace) -> int:
+    """--batch-size with --vad-chunks: the chunks decoded side by side; 8 unless given."""
+    return args.batch_size if args.batch_size > 1 else 8
 
 
 def _eval(args: argparse.Namespace) -> int:

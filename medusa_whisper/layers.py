@@ -27,8 +27,8 @@ class Layer(NamedTuple):
 LAYERS: Tuple[Layer, ...] = (
     Layer("foundation", "the error hierarchy, where files go, this table: everything may use them, they use nothing",
           ("medusa_whisper.errors", "medusa_whisper.paths", "medusa_whisper.layers")),
-    Layer("audio", "reading audio files and the streamed mel front end: no model, no options",
-          ("medusa_whisper.sniff", "medusa_whisper.audio", "medusa_whisper.mel")),
+    Layer("audio", "reading audio files, the streamed mel front end, voice activity: no model, no options",
+          ("medusa_whisper.sniff", "medusa_whisper.audio", "medusa_whisper.mel", "medusa_whisper.vad")),
     Layer("kernels", "tensor-level pieces (measured linear routes, row-invariant attention, the static cache, masks): "
                      "no model, no I/O beyond the route timings' cache file",
           ("medusa_whisper.routes", "medusa_whisper.invariant_attention", "medusa_whisper.kv_cache",
@@ -55,7 +55,7 @@ LAYERS: Tuple[Layer, ...] = (
           ("medusa_whisper.candidates", "medusa_whisper.decoding", "medusa_whisper.batched")),
     Layer("model", "the whisper-shaped surface: MedusaWhisper imports transcribe at top level for its method, as "
                    "whisper/model.py does, while transcribe takes the model as an argument and never imports it",
-          ("medusa_whisper.transcribe", "medusa_whisper.model")),
+          ("medusa_whisper.chunked", "medusa_whisper.transcribe", "medusa_whisper.model")),
     Layer("store", "where weights come from: source formats (CTranslate2, Hugging Face), the catalogue of names, "
                    "downloads, the file cache and its manifest; reads model.model_shapes to check conversions",
           ("medusa_whisper.ctranslate2", "medusa_whisper.hf", "medusa_whisper.weights")),

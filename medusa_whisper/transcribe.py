@@ -10,7 +10,8 @@ Where it departs from whisper.transcribe, and why:
 - the spectrogram is computed a window at a time (``LogMelFrames``) from audio decoded block by block
   (``open_audio``), so memory stays flat however long the file is;
 - each window is decoded by ``medusa_whisper.decode`` (greedy windows with the heads; sampled
-  fallback windows with whisper's own decoder);
+  fallback windows with whisper's DecodingTask on the package's step, candidates.py), and a window
+  that falls back is encoded once, not once per temperature;
 - the nested loop over clips and windows is written out (whisper flattens it), and the progress
   bar counts seconds of audio instead of frames;
 - the result has a ``medusa`` entry: tokens, decoder steps, tokens per step, fallback windows, times.
@@ -308,6 +309,7 @@ def transcribe(
     hallucination_silence_threshold: Optional[float] = None,
     progress: Optional[Callable[..., tqdm.tqdm]] = None,
     batch_size: Optional[int] = None,
+    vad_chunks: bool = False,
     **decode_options,
 ) -> Union[dict, List[Optional[dict]]]:
     """Transcribe audio of any length, as ``whisper.transcribe`` does, with Medusa decoding.
@@ -318,9 +320,18 @@ def transcribe(
                hold MedusaDecodingOptions' own fields (``mode``, ``num_heads``, ...)
     progress : makes the progress bar, called like ``tqdm.tqdm(total=..., unit="s")``; by default
                a bar is shown when ``verbose`` is False, as whisper does
-    batch_size : for a list: how many recordings' windows share a decoder pass (default 8)
+    batch_size : for a list: how many recordings' windows share a decoder pass (default 8); with
+               ``vad_chunks``: how many chunks
+    vad_chunks : cut the speech into chunks of at most 30 s (Silero VAD) and decode them side by side,
+               each without the previous text (chunked.py): faster, but not whisper's text
     returns  : whisper's dict (``text``, ``segments``, ``language``) plus ``medusa`` statistics
     """
+    if vad_chunks:
+        if isinstance(audio, (list, tuple)):
+            raise ValueError("vad_chunks takes one recording, not a list")
+        options = {k: v for k, v in locals().items()
+                   if k not in ("model", "audio", "batch_size", "decode_options", "vad_chunks", "verbose", "progress")}
+        return _transcribe_chunked(model, audio, batch_size or 8, verbose, **options, **decode_options)
     if isinstance(audio, (list, tuple)):
         options = {k: v for k, v in locals().items() if k not in ("model", "audio", "batch_size", "decode_options")}
         if progress is None:
@@ -337,6 +348,26 @@ def transcribe(
                                            hallucination_silence_threshold=hallucination_silence_threshold,
                                            progress=progress, **decode_options),
                              lambda request: decode(model, request.mel, request.options, draft_mel=request.draft_mel))
+
+
+def _transcribe_chunked(model, audio, batch_size: int, verbose: Optional[bool], **options) -> dict:
+    """``transcribe(..., vad_chunks=True)``: see chunked.py."""
+    from .chunked import cut, first_language, joined
+
+    pieces, offsets = cut(audio)
+    if pieces and options.get("language") is None:
+        options["language"] = first_language(model, pieces[0])
+    options["condition_on_previous_text"] = False
+    bar = tqdm.tqdm(total=len(pieces), unit="chunk", disable=verbose is not False)
+
+    def done(index: int, result: Optional[dict], error: Optional[Exception]) -> None:
+        if error is not None:
+            raise error
+        bar.update(1)
+
+    with bar:
+        results = transcribe_many(model, pieces, batch_size=batch_size, verbose=None, on_done=done, **options)
+    return joined(results, offsets, options.get("language"), verbose)
 
 
 def run_transcription(steps: Transcription, decode_window: Callable[[WindowRequest], MedusaDecodingResult]) -> dict:

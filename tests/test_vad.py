@@ -1,0 +1,97 @@
+"""--vad-chunks: Silero VAD's spans, chunks of at most 30 s decoded side by side, times put back."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+import medusa_whisper
+from medusa_whisper import chunked, vad
+from medusa_whisper.audio import load_audio
+from medusa_whisper.cli import main
+
+DATA = Path(__file__).parent / "data"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import make_long_audio  # noqa: E402
+
+SECOND = vad.SAMPLE_RATE
+
+
+def test_chunks_merge_spans_in_order_up_to_thirty_seconds():
+    spans = [(0, 5 * SECOND), (6 * SECOND, 20 * SECOND), (21 * SECOND, 31 * SECOND), (40 * SECOND, 41 * SECOND)]
+    assert vad.chunks(spans) == [(0, 20 * SECOND), (21 * SECOND, 41 * SECOND)]
+    assert vad.chunks([]) == []
+    with pytest.raises(ValueError, match="longer than a chunk"):
+        vad.chunks([(0, 31 * SECOND)])
+
+
+def test_speech_spans_find_the_speech_and_keep_the_thread_count():
+    speech = load_audio(DATA / "real" / "jfk.flac")
+    quiet = (np.random.default_rng(0).standard_normal(8 * SECOND) * 1e-3).astype(np.float32)
+    samples = np.concatenate([quiet, speech, quiet])
+    threads = torch.get_num_threads()
+    spans = vad.speech_spans(samples)
+    assert torch.get_num_threads() == threads  # silero_vad's import sets one thread; put back
+    assert spans and all(0 <= s < e <= len(samples) and e - s <= 30 * SECOND for s, e in spans)
+    assert [s for s, _ in spans] == sorted(s for s, _ in spans)
+    pad = int(0.4 * SECOND) + SECOND // 10
+    assert spans[0][0] >= len(quiet) - pad and spans[-1][1] <= len(quiet) + len(speech) + pad
+    assert sum(e - s for s, e in spans) >= 0.7 * len(speech)
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    clips = make_long_audio.read_clips(sorted(DATA.glob("*.flac")) + [DATA / "real" / "jfk.flac"], None)
+    samples, _ = make_long_audio.build(clips, minutes=1.5, seed=0, long_pause=12.0, long_pause_every=4)
+    path = tmp_path_factory.mktemp("vad") / "talk.flac"
+    soundfile.write(path, samples, SECOND, subtype="PCM_16")
+    return path
+
+
+@pytest.fixture(scope="module")
+def int8_model():
+    return medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+
+
+def test_chunks_decoded_side_by_side_give_each_chunk_its_own_result_on_the_recordings_clock(recording, int8_model):
+    duration = len(load_audio(recording)) / SECOND
+    result = medusa_whisper.transcribe(int8_model, str(recording), vad_chunks=True, batch_size=3,
+                                       word_timestamps=True, verbose=None)
+    pieces, offsets = chunked.cut(str(recording))
+    assert result["medusa"]["chunks"] == len(pieces) >= 3
+    segments = result["segments"]
+    assert [s["id"] for s in segments] == list(range(len(segments)))
+    assert all(0 <= s["start"] <= s["end"] <= duration + 0.5 for s in segments)
+    assert [s["start"] for s in segments] == sorted(s["start"] for s in segments)
+    words = [w for s in segments for w in s["words"]]
+    assert words and all(0 <= w["start"] <= w["end"] <= duration + 0.5 for w in words)
+    # each chunk alone, on its own clock: the same tokens, shifted by the chunk's start
+    expected = []
+    for piece, offset in zip(pieces, offsets):
+        alone = medusa_whisper.transcribe(int8_model, piece, condition_on_previous_text=False, language="en",
+                                          word_timestamps=True, verbose=None)
+        expected += [(s["tokens"], round(s["start"] + offset, 3)) for s in alone["segments"]]
+    assert [(s["tokens"], s["start"]) for s in segments] == expected
+    assert "fellow Americans" in result["text"]
+
+
+def test_cli_vad_chunks_writes_subtitles_in_order(recording, int8_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(medusa_whisper, "load_model", lambda *args, **kwargs: int8_model)
+    out = tmp_path / "out"
+    assert main(["transcribe", str(recording), "--vad-chunks", "--batch-size", "2", "-f", "srt", "-o", str(out),
+                 "--verbose", "None"]) == 0
+    srt = (out / "talk.srt").read_text()
+    starts = [line.split(" --> ")[0] for line in srt.splitlines() if " --> " in line]
+    assert len(starts) >= 5 and starts == sorted(starts)
+
+
+def test_without_silero_vad_one_clear_line(recording, int8_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(medusa_whisper, "load_model", lambda *args, **kwargs: int8_model)
+    monkeypatch.setitem(sys.modules, "silero_vad", None)  # as if not installed: import raises ImportError
+    assert main(["transcribe", str(recording), "--vad-chunks", "-o", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "silero-vad" in err[0], err  # said once, before any file is read
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
