@@ -59,8 +59,13 @@ bench-pass: setup
 # file at a time (tools/bench_batch.py). Results: bench_out/batch_<model>.{json,md,png}.
 BATCH_FILES ?= 64
 BATCH_SIZES ?= 1,4,8,16
-bench-batch: bench-setup
+# Then the 8-minute real recording: --vad-chunks against faster-whisper's BatchedInferencePipeline
+# (bench_out/batch_long_<model>.*), and the fallback-heavy one, sequential, against faster-whisper
+# with the same best_of (bench_out/fallback_<model>.*).
+bench-batch: bench-setup data/long/real_8min.flac data/long/real_repeated_3min.flac
 	$(BIN)/python tools/bench_batch.py --model $(MODEL) --threads $(THREADS) --files $(BATCH_FILES) --batch-sizes $(BATCH_SIZES) --out bench_out/batch_$(MODEL)
+	$(BIN)/python tools/bench_batch.py --model $(MODEL) --threads $(THREADS) --long data/long/real_8min.flac --batch-sizes 4,8,16 --out bench_out/batch_long_$(MODEL)
+	$(BIN)/python tools/bench_long.py --model $(MODEL) --threads $(THREADS) --audio data/long/real_repeated_3min.flac --no-heads --compute-types int8 --faster-whisper int8 --best-of 5 --out bench_out/fallback_$(MODEL)
 
 # What the bench needs before it measures: Debian packages, the bench extra, the held-out corpus and
 # the real recordings. Packages: the speech synthesisers and texts tools/make_corpus.py asks for, and

@@ -1,6 +1,7 @@
 """Throughput of an archive of real recordings against batch size, beside faster-whisper one by one.
 
     python tools/bench_batch.py --model base --compute-type int8 --threads 2 --files 64 --batch-sizes 1,4,8,16
+    python tools/bench_batch.py --long data/long/real_8min.flac --batch-sizes 4,8,16
 
 Each system transcribes the same files (the longest ``--files`` of data/real, whole files, whisper's
 transcribe defaults with greedy decoding: temperature fallback on, beam search off) in a fresh
@@ -8,6 +9,11 @@ process, so that its peak RSS is its own; times exclude loading the model. Colum
 audio seconds per wall second, speed against faster-whisper int8, WER against the references,
 how many files have the same text as our ``--batch-size 1``, and peak RSS. Writes JSON and Markdown
 (``--out``) and a plot of throughput against batch size.
+
+``--long FILE``: one long recording (its transcript beside it, FILE.txt, as make_long_audio.py
+writes it) instead: faster-whisper window after window and its ``BatchedInferencePipeline`` (VAD
+chunks side by side) at each batch size, our sequential ``transcribe`` and our ``--vad-chunks`` at
+each batch size; greedy everywhere (faster-whisper's own default is beam 5), fallback on.
 """
 
 from __future__ import annotations
@@ -50,8 +56,15 @@ def worker(args) -> None:
                              cpu_threads=args.threads)
         loaded = time.perf_counter()
         texts = []
+        if args.batch_size > 1:  # its batched pipeline: VAD chunks side by side
+            from faster_whisper import BatchedInferencePipeline
+
+            model = BatchedInferencePipeline(model)
         for path in paths:  # faster-whisper's own defaults but greedy, as ours (its default is beam 5)
-            segments, _ = model.transcribe(path, language="en", beam_size=1, best_of=5, vad_filter=False)
+            if args.batch_size > 1:
+                segments, _ = model.transcribe(path, language="en", beam_size=1, best_of=5, batch_size=args.batch_size)
+            else:
+                segments, _ = model.transcribe(path, language="en", beam_size=1, best_of=5, vad_filter=False)
             texts.append("".join(s.text for s in segments))
     else:
         sys.path.insert(0, str(ROOT))
@@ -59,8 +72,12 @@ def worker(args) -> None:
 
         model = medusa_whisper.load_model(args.model, device="cpu", compute_type=args.compute_type)
         loaded = time.perf_counter()
-        results = medusa_whisper.transcribe(model, paths, batch_size=args.batch_size, language="en", fp16=False,
-                                            mode="off")
+        if args.worker == "ours-vad":
+            results = [medusa_whisper.transcribe(model, path, vad_chunks=True, batch_size=args.batch_size, language="en",
+                                                 fp16=False, mode="off") for path in paths]
+        else:
+            results = medusa_whisper.transcribe(model, paths, batch_size=args.batch_size, language="en", fp16=False,
+                                                mode="off")
         texts = [r["text"] if r is not None else "" for r in results]
     done = time.perf_counter()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -82,8 +99,10 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=64)
     parser.add_argument("--batch-sizes", default="1,4,8,16")
     parser.add_argument("--csv", type=Path, default=REAL)
+    parser.add_argument("--long", type=Path, default=None, metavar="FILE",
+                        help="one long recording (with FILE.txt) instead of the archive")
     parser.add_argument("--out", type=Path, default=None, help="write <out>.json, <out>.md and <out>.png")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # faster-whisper, ours, ours-vad
     parser.add_argument("--files-json", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -95,7 +114,14 @@ def main() -> None:
     from medusa_whisper.evaluation import corpus_scores, normalizer
     from medusa_whisper.routes import isa_features, machine_id
 
-    rows = archive(args.csv, args.files)
+    if args.long is not None:
+        import soundfile
+
+        rows = [dict(path=str(args.long), seconds=soundfile.info(str(args.long)).duration,
+                     sentence=args.long.with_suffix(".txt").read_text(encoding="utf-8"))]
+        args.files = 1
+    else:
+        rows = archive(args.csv, args.files)
     audio_seconds = sum(float(r["seconds"]) for r in rows)
     files_json = Path("/tmp") / f"bench_batch_{args.files}.json"
     files_json.write_text(json.dumps([r["path"] for r in rows]))
@@ -106,10 +132,24 @@ def main() -> None:
           f"{len(rows)} real recordings, {audio_seconds / 60:.1f} min", flush=True)
 
     systems: Dict[str, dict] = {}
-    systems[f"faster-whisper {args.compute_type}, one by one"] = run_system(args, "faster-whisper", 1, files_json)
-    for batch in [int(b) for b in args.batch_sizes.split(",")]:
-        systems[f"medusa-whisper {args.compute_type}, --batch-size {batch}"] = run_system(args, "ours", batch, files_json)
-        print(f"batch {batch}: {systems[list(systems)[-1]]['seconds']:.1f} s", flush=True)
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+
+    def run(name: str, worker_name: str, batch: int) -> None:
+        systems[name] = run_system(args, worker_name, batch, files_json)
+        print(f"{name}: {systems[name]['seconds']:.1f} s", flush=True)
+
+    if args.long is None:
+        run(f"faster-whisper {args.compute_type}, one by one", "faster-whisper", 1)
+        for batch in sizes:
+            run(f"medusa-whisper {args.compute_type}, --batch-size {batch}", "ours", batch)
+    else:
+        run(f"faster-whisper {args.compute_type}, window after window", "faster-whisper", 1)
+        for batch in [b for b in sizes if b > 1]:
+            run(f"faster-whisper {args.compute_type} BatchedInferencePipeline, batch_size {batch}", "faster-whisper",
+                batch)
+        run(f"medusa-whisper {args.compute_type}, --batch-size 1", "ours", 1)
+        for batch in sizes:
+            run(f"medusa-whisper {args.compute_type}, --vad-chunks --batch-size {batch}", "ours-vad", batch)
     ours_one = next((s for name, s in systems.items() if name.endswith("--batch-size 1")), None)
     fw = next(iter(systems.values()))
     table = []
@@ -120,8 +160,10 @@ def main() -> None:
                           audio_per_second=round(audio_seconds / s["seconds"], 2),
                           vs_faster_whisper=round(fw["seconds"] / s["seconds"], 2), wer=round(100 * scores["wer"], 2),
                           same_text_as_batch_1=same, peak_rss_mb=round(s["peak_rss_mb"])))
+    what = (f"`{args.long.name}` ({audio_seconds / 60:.1f} min)" if args.long else
+            f"{len(rows)} real recordings ({audio_seconds / 60:.1f} min)")
     lines = [f"{machine['cpu']} ({machine['isa']}), {args.threads} threads, {args.model} {args.compute_type}, "
-             f"{len(rows)} real recordings ({audio_seconds / 60:.1f} min); model load excluded", "",
+             f"{what}; model load excluded", "",
              "| system | seconds | audio s per s | vs faster-whisper | WER % | same text as batch 1 | peak RSS MB |",
              "|---|---|---|---|---|---|---|"]
     for t in table:
@@ -140,15 +182,20 @@ def main() -> None:
             import matplotlib.pyplot as plt
         except ImportError:
             return
-        ours = [t for t in table if "--batch-size" in t["system"]]
-        sizes = [int(t["system"].rsplit(" ", 1)[1]) for t in ours]
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(sizes, [t["audio_per_second"] for t in ours], marker="o", label="medusa-whisper")
+        for label, kind in (("medusa-whisper --vad-chunks" if args.long else "medusa-whisper", "medusa-whisper"),
+                            ("faster-whisper BatchedInferencePipeline", "BatchedInferencePipeline")):
+            points = [t for t in table if kind in t["system"] and (not args.long or "batch_size" in t["system"]
+                                                                    or "--vad-chunks" in t["system"])]
+            if points:
+                ax.plot([int(t["system"].rsplit(" ", 1)[1]) for t in points],
+                        [t["audio_per_second"] for t in points], marker="o", label=label)
         ax.axhline(table[0]["audio_per_second"], color="gray", linestyle="--", label=table[0]["system"])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size (files side by side)")
         ax.set_ylabel("audio seconds per wall second")
-        ax.set_title(f"{args.model} {args.compute_type}, {args.threads} threads, {len(rows)} real recordings")
+        ax.set_title(f"{args.model} {args.compute_type}, {args.threads} threads, "
+                     + (args.long.name if args.long else f"{len(rows)} real recordings"))
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.out.with_suffix(".png"), dpi=120)
