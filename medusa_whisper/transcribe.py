@@ -333,7 +333,8 @@ def transcribe(
                    if k not in ("model", "audio", "batch_size", "decode_options", "vad_chunks", "verbose", "progress")}
         return _transcribe_chunked(model, audio, batch_size or 8, verbose, **options, **decode_options)
     if isinstance(audio, (list, tuple)):
-        options = {k: v for k, v in locals().items() if k not in ("model", "audio", "batch_size", "decode_options")}
+        options = {k: v for k, v in locals().items()
+                   if k not in ("model", "audio", "batch_size", "decode_options", "vad_chunks")}
         if progress is None:
             del options["progress"]
         return transcribe_many(model, audio, batch_size=batch_size or 8, **options, **decode_options)
