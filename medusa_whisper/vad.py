@@ -22,6 +22,8 @@ from .errors import MedusaWhisperError
 
 SAMPLE_RATE = 16000
 CHUNK_SECONDS = 30.0  # whisper's window
+FRAME = 512  # samples Silero VAD scores at a time at 16 kHz
+MAX_STREAMS, MIN_STREAM_FRAMES = 32, 500  # see speech_probabilities
 
 
 @dataclass(frozen=True)
@@ -57,16 +59,37 @@ def check_available() -> None:
     _silero()
 
 
+def speech_probabilities(model, samples: np.ndarray) -> List[float]:
+    """Silero's speech probability for every 32-ms frame (512 samples) of the recording.
+
+    Departs from ``silero_vad.get_speech_timestamps``, which calls the model once per frame, in
+    order, carrying its state through the whole recording (4.6 s for 8 minutes on 2 cores): the
+    recording is cut into up to 32 stretches of at least 16 s that run side by side as the model's
+    batch (0.5 s). Each stretch starts from a fresh state, as a file's first frame does; on an
+    8-minute real recording that gave 92 spans against 93 and 316.9 s of speech against 316.8 s."""
+    n_frames = -(-len(samples) // FRAME)
+    streams = max(1, min(MAX_STREAMS, n_frames // MIN_STREAM_FRAMES))
+    per_stream = -(-n_frames // streams)
+    padded = np.zeros(streams * per_stream * FRAME, dtype=np.float32)
+    padded[:len(samples)] = samples
+    frames = torch.from_numpy(padded).view(streams, per_stream, FRAME)
+    model.reset_states()
+    with torch.no_grad():
+        probs = torch.stack([model(frames[:, i], SAMPLE_RATE)[:, 0] for i in range(per_stream)], dim=1)
+    return probs.reshape(-1)[:n_frames].tolist()
+
+
 def speech_spans(samples: np.ndarray, options: VadOptions = VadOptions()) -> List[Tuple[int, int]]:
     """(start, end) sample indices of speech in 16-kHz mono samples, in order, none longer than
     30 s (Silero splits longer speech at its longest pause, else at 30 s)."""
     silero, model = _silero()
+    samples = np.ascontiguousarray(samples, dtype=np.float32)
     pad = options.speech_pad_ms / 1000
-    spans = silero.get_speech_timestamps(
-        torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)), model, threshold=options.threshold,
-        sampling_rate=SAMPLE_RATE, min_speech_duration_ms=options.min_speech_ms,
-        max_speech_duration_s=CHUNK_SECONDS - 2 * pad - 0.1, min_silence_duration_ms=options.min_silence_ms,
-        speech_pad_ms=options.speech_pad_ms)
+    spans = silero.get_speech_timestamps_from_probs(
+        speech_probabilities(model, samples), sampling_rate=SAMPLE_RATE, threshold=options.threshold,
+        min_speech_duration_ms=options.min_speech_ms, max_speech_duration_s=CHUNK_SECONDS - 2 * pad - 0.1,
+        min_silence_duration_ms=options.min_silence_ms, speech_pad_ms=options.speech_pad_ms,
+        audio_length_samples=len(samples))
     limit = int(CHUNK_SECONDS * SAMPLE_RATE)
     out = []
     for span in spans:  # padding may still reach past 30 s in rare cases: cut there
