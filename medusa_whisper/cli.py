@@ -217,9 +217,10 @@ def _add_transcribe_parser(commands) -> None:
                    help="True: print segments as they are decoded; False: a progress bar; None: nothing "
                         "(default: the text of each file; whisper's form: True)")
     t.add_argument("--threads", type=_threads, default=0, metavar="N", help="CPU threads for torch (0: torch's choice)")
-    _option(t, "--batch-size", type=_positive_int, default=1, metavar="N",
+    _option(t, "--batch-size", type=_positive_int, default=None, metavar="N",
             help="decode the greedy windows of up to N files side by side, one decoder pass for all (each file's "
-                 "result is the one it gets alone: bit for bit at int8); default 1: one file after another")
+                 f"result is the one it gets alone: bit for bit at int8); default {INT8_FILES_BATCH} for several files "
+                 "at --compute-type int8, else 1 (one file after another)")
     _option(t, "--vad-chunks", action="store_true",
             help="long recordings, fast: cut each file's speech into chunks of at most 30 s (Silero VAD; pip install "
                  "'medusa-whisper[vad]') and decode --batch-size of them side by side (default 8), each without the "
@@ -386,7 +387,7 @@ def _usage_problem(args: argparse.Namespace) -> Optional[str]:
             return f"--{flag.replace('_', '-')} needs --word-timestamps"
     if args.skip_existing and args.output_dir is None:
         return "--skip-existing needs --output-dir"
-    if args.ray is not None and args.batch_size > 1:
+    if args.ray is not None and (args.batch_size or 1) > 1:
         return "--batch-size does not apply with --ray yet: each Ray worker transcribes one file at a time"
     return None
 
@@ -397,7 +398,7 @@ def _options_notes(args: argparse.Namespace) -> List[str]:
         asked = f"--beam-size {args.beam_size}" if args.beam_size is not None else f"--temperature {args.temperature}"
         notes.append(f"{asked}: whisper's sampling and beam search, run on medusa_whisper's step; Medusa "
                      f"speculation (heads or a draft model) applies to greedy decoding only")
-    if args.batch_size > 1 and (args.beam_size is not None or args.mode == "typical"):
+    if (args.batch_size or 1) > 1 and (args.beam_size is not None or args.mode == "typical"):
         asked = f"--beam-size {args.beam_size}" if args.beam_size is not None else "--mode typical"
         notes.append(f"{asked}: windows are decoded one at a time; --batch-size batches greedy windows only")
     if args.max_line_count and not args.max_line_width:
@@ -545,7 +546,7 @@ def _run_jobs(model, jobs, args: argparse.Namespace, output_formats, summary, ma
     options = transcribe_options(args)
     writer_options = {k: getattr(args, k) for k in WRITER_OPTIONS}
     show_bars = args.verbose is False or (args.verbose is UNSET and sys.stderr.isatty())
-    if args.batch_size > 1 and len(jobs) > 1 and not args.vad_chunks:  # --vad-chunks batches within a file
+    if files_batch(args, len(jobs)) > 1 and not args.vad_chunks:  # --vad-chunks batches within a file
         _run_jobs_batched(model, jobs, args, options, output_formats, writer_options, summary, show_bars)
         return
     files_bar = tqdm(jobs, unit="file", file=sys.stderr, disable=not many or not show_bars)
@@ -582,7 +583,8 @@ def _run_jobs_batched(model, jobs, args: argparse.Namespace, options: dict, outp
             _write(f"{outcome.job.path}: {outcome.text.strip()}", sys.stdout)
 
     with files_bar:
-        transcribe_jobs(model, jobs, options, args.output_dir, output_formats, writer_options, args.batch_size, done)
+        transcribe_jobs(model, jobs, options, args.output_dir, output_formats, writer_options,
+                        files_batch(args, len(jobs)), done)
 
 
 def _compute_types(args: argparse.Namespace) -> dict:
@@ -632,7 +634,22 @@ def transcribe_options(args: argparse.Namespace, for_workers: bool = False) -> d
 
 def _chunk_batch(args: argparse.Namespace) -> int:
     """--batch-size with --vad-chunks: the chunks decoded side by side; 8 unless given."""
-    return args.batch_size if args.batch_size > 1 else 8
+    return args.batch_size or 8
+
+
+# --batch-size's default for several files at int8, where a batched file's outputs are byte-identical
+# to its own: on 64 real recordings (base, 2 threads, docs/batching.md) batch 8 was 1.42x batch 1 on an
+# AVX-512 EPYC and batch 4 and 8 were equal (1.33x) on an AVX2 one; 16 gained 8 % more for 30 % more memory
+INT8_FILES_BATCH = 8
+
+
+def files_batch(args: argparse.Namespace, n_files: int) -> int:
+    """How many files' windows share a pass: --batch-size, else INT8_FILES_BATCH for several files at
+    int8 (byte-identical outputs), else 1. float32 batches only when asked: its products are not
+    row-invariant, so a batched file may differ from the file alone in a logit's last bits."""
+    if args.batch_size is not None:
+        return args.batch_size
+    return INT8_FILES_BATCH if n_files > 1 and args.compute_type == "int8" else 1
 
 
 def _eval(args: argparse.Namespace) -> int:

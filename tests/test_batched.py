@@ -118,6 +118,18 @@ def test_the_command_line_batches_files_and_writes_what_one_by_one_writes(tmp_pa
         assert (tmp_path / "batched" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
 
 
+def test_several_int8_files_are_batched_by_default_and_float32_only_when_asked():
+    from medusa_whisper.cli import INT8_FILES_BATCH, build_parser, files_batch
+
+    def batch(*extra, n_files=3):
+        return files_batch(build_parser().parse_args(["transcribe", "a.wav", *extra]), n_files)
+
+    assert batch("--compute-type", "int8") == INT8_FILES_BATCH > 1
+    assert batch("--compute-type", "int8", n_files=1) == 1
+    assert batch() == 1  # float32: a batched row may differ in a logit's last bits
+    assert batch("--batch-size", "3") == 3 and batch("--compute-type", "int8", "--batch_size", "1") == 1
+
+
 def test_the_python_api_takes_a_list():
     model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
     results = medusa_whisper.transcribe(model, CLIPS[:2], batch_size=2, fp16=False)

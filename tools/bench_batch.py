@@ -191,8 +191,12 @@ def main() -> None:
                 ax.plot([int(t["system"].rsplit(" ", 1)[1]) for t in points],
                         [t["audio_per_second"] for t in points], marker="o", label=label)
         ax.axhline(table[0]["audio_per_second"], color="gray", linestyle="--", label=table[0]["system"])
+        if args.long:
+            sequential = next(t for t in table if t["system"].endswith("--batch-size 1"))
+            ax.axhline(sequential["audio_per_second"], color="tab:blue", linestyle=":",
+                       label=f"medusa-whisper {args.compute_type}, sequential")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size (files side by side)")
+        ax.set_xlabel("batch size (chunks side by side)" if args.long else "batch size (files side by side)")
         ax.set_ylabel("audio seconds per wall second")
         ax.set_title(f"{args.model} {args.compute_type}, {args.threads} threads, "
                      + (args.long.name if args.long else f"{len(rows)} real recordings"))
