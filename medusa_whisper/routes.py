@@ -47,6 +47,11 @@ ROUTES = (WHISPER_ROUTE, WEIGHT_FIRST)
 # rows up to which a choice is measured; more rows are a prompt or a long tree: whisper's route
 MAX_MEASURED_ROWS = 16  # == ROW_COUNTS[-1]
 REPEATS = 3
+# each route is timed ROUNDS times, alternating with the other, and its fastest round counts: a burst
+# of load elsewhere then cannot make a route look slow for good. Timed one after the other, with the
+# median, a pass through the tests on the other core made x @ W.T look faster for base's projection
+# at 1 and 4 rows on an AVX-512 EPYC, where idle it is 1.3x and 3.1x slower, and the cache kept that
+ROUNDS = 3
 
 Shape = Tuple[str, int, int, str]  # (kind, n_out, n_in, dtype)
 # row counts whose routes are timed; a count between two takes the route of the lower one
@@ -167,7 +172,11 @@ class RouteTable:
         began = time.perf_counter()
         try:
             for rows in ROW_COUNTS:
-                micros = {route: self.timer(shape, rows, route) for route in ROUTES}
+                rounds: Dict[str, List[float]] = {route: [] for route in ROUTES}
+                for _ in range(ROUNDS):
+                    for route in ROUTES:
+                        rounds[route].append(self.timer(shape, rows, route))
+                micros = {route: min(times) for route, times in rounds.items()}
                 route = min(ROUTES, key=micros.get)
                 self.choices[_name(shape, rows)] = {"route": route, "us": {r: round(t, 1) for r, t in micros.items()}}
         finally:
