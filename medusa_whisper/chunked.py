@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import List, Optional, Tuple, Union
 
 import numpy as np
+from whisper.audio import FRAMES_PER_SECOND  # whisper's seek counts mel frames of 10 ms
 
 from .audio import load_audio
 from .vad import SAMPLE_RATE, VadOptions, chunks, speech_spans
 
-# whisper's seek counts mel frames of 10 ms
-FRAMES_PER_SECOND = 100
 ADDED_STATS = ("windows", "fallback_windows", "tokens", "decoder_steps", "encode_seconds", "decode_seconds")
 
 

@@ -629,12 +629,8 @@ def transcribe_options(args: argparse.Namespace, for_workers: bool = False) -> d
                 hallucination_silence_threshold=args.hallucination_silence_threshold, verbose=verbose,
                 best_of=args.best_of, beam_size=args.beam_size, patience=args.patience,
                 length_penalty=args.length_penalty, suppress_tokens=args.suppress_tokens, fp16=args.fp16,
-                **(dict(vad_chunks=True, batch_size=_chunk_batch(args)) if getattr(args, "vad_chunks", False) else {}))
-
-
-def _chunk_batch(args: argparse.Namespace) -> int:
-    """--batch-size with --vad-chunks: the chunks decoded side by side; 8 unless given."""
-    return args.batch_size or 8
+                # transcribe's own default (8 chunks) when --batch-size is not given
+                **(dict(vad_chunks=True, batch_size=args.batch_size) if getattr(args, "vad_chunks", False) else {}))
 
 
 # --batch-size's default for several files at int8, where a batched file's outputs are byte-identical
