@@ -387,8 +387,6 @@ def _usage_problem(args: argparse.Namespace) -> Optional[str]:
             return f"--{flag.replace('_', '-')} needs --word-timestamps"
     if args.skip_existing and args.output_dir is None:
         return "--skip-existing needs --output-dir"
-    if args.ray is not None and (args.batch_size or 1) > 1:
-        return "--batch-size does not apply with --ray yet: each Ray worker transcribes one file at a time"
     return None
 
 
@@ -530,7 +528,9 @@ def _transcribe_on_ray(args: argparse.Namespace) -> int:
         address=None if args.ray == "local" else args.ray, workers=args.workers,
         threads_per_worker=args.threads_per_worker, model=args.model or medusa_whisper.DEFAULT_MODEL,
         device=args.device, draft=args.draft, download_root=args.model_dir,
-        load_options=_compute_types(args))
+        load_options=_compute_types(args),
+        # each worker batches files as one machine does (--vad-chunks batches within each file instead)
+        batch_size=1 if args.vad_chunks else files_batch(args, len(jobs)))
     summary = distributed.transcribe_archive(
         jobs, args.output_dir, output_formats, transcribe_options(args, for_workers=True),
         {k: getattr(args, k) for k in WRITER_OPTIONS}, ray_options, on_problem=_error, on_done=done,

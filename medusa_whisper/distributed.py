@@ -1,12 +1,14 @@
 """Transcribing an archive on many machines: a pool of Ray actors, each holding one loaded model.
 
 The driver (the machine that runs the command) lists the files, skips those whose outputs are all
-there, and hands the rest out longest first, one file per idle actor. An actor transcribes a
-whole file (long-form decoding is sequential: a file is never split) and sends back the rendered
-output files; the driver writes them atomically (``outputs.atomic_write``), so the bytes are the
-single-machine command's and workers need no access to the output folder. A file that fails is
-one line in ``OUT/failed.tsv``; an actor whose process dies is restarted by Ray and its file tried
-once more (``max_restarts=1, max_task_retries=1``).
+there, and hands the rest out longest first to idle actors: one file at a time, or with a batch size
+above 1 a group of files that the actor decodes side by side (``transcribe.transcribe_many``, as
+``--batch-size`` does on one machine). An actor transcribes whole files (long-form decoding is
+sequential: a file is never split) and sends back the rendered output files; the driver writes
+them atomically (``outputs.atomic_write``), so the bytes are the single-machine command's and
+workers need no access to the output folder. A file that fails is one line in ``OUT/failed.tsv``;
+an actor whose process dies is restarted by Ray and its file (or group) tried once more
+(``max_restarts=1, max_task_retries=1``).
 
 Ray stays optional: ``pip install medusa-whisper[ray]``.
 """
@@ -122,6 +124,48 @@ class Transcriber:
         result.seconds = time.perf_counter() - began
         return result
 
+    def run_many(self, paths: Sequence[str], options: dict, output_formats: Sequence[str], writer_options: dict,
+                 batch_size: int) -> List[WorkerResult]:
+        """Several files with their windows side by side (``transcribe_many``); one result per path, in
+        order. ``seconds``: from the start of the group to that file's end."""
+        import contextlib
+
+        from .audio import check_audio_path
+        from .transcribe import transcribe_many
+
+        began = time.perf_counter()
+        results = [WorkerResult(path, pid=os.getpid()) for path in paths]
+        with contextlib.ExitStack() as copies:
+            readable: List[int] = []  # indices of paths that reach the decoder
+            local: List[str] = []
+            for index, path in enumerate(paths):
+                try:
+                    if is_url(path):
+                        local.append(copies.enter_context(_local_copy(path)))
+                    else:
+                        check_audio_path(path)
+                        local.append(path)
+                    readable.append(index)
+                except MedusaWhisperError as e:
+                    results[index].error = str(e)
+
+            def done(position: int, transcript: Optional[dict], error: Optional[Exception]) -> None:
+                result = results[readable[position]]
+                if error is not None:
+                    result.error = str(error)
+                else:
+                    try:
+                        result.contents = {fmt: render(transcript, result.path, fmt, writer_options)
+                                           for fmt in output_formats}
+                        result.text = transcript["text"]
+                        result.audio_seconds = float(transcript["medusa"].get("audio_seconds", 0.0))
+                    except MedusaWhisperError as e:
+                        result.error = str(e)
+                result.seconds = time.perf_counter() - began
+
+            transcribe_many(self.model, local, batch_size=batch_size, on_done=done, **options)
+        return results
+
 
 class _local_copy:
     """An fsspec URL copied to a local temporary file (decoders want a path), removed afterwards."""
@@ -159,6 +203,13 @@ class RayOptions:
     draft: Optional[str] = None
     download_root: Optional[str] = None
     load_options: dict = field(default_factory=dict)  # more load_model arguments (compute types)
+    batch_size: int = 1  # above 1: each actor decodes this many files' windows side by side
+
+
+# with a batch size above 1, an actor is handed this many batches' worth of files at once: enough for
+# its batch to stay full as files end (files go out longest first, so a group's files are of about one
+# length), few enough that a lost worker costs little work and outputs reach the folder as they go
+GROUP_BATCHES = 2
 
 
 def transcribe_archive(jobs: Sequence[Job], output_dir: Path, output_formats: Sequence[str], options: dict,
@@ -183,6 +234,7 @@ def transcribe_archive(jobs: Sequence[Job], output_dir: Path, output_formats: Se
     if not jobs:
         return summary
     jobs = sorted(jobs, key=lambda j: -audio_seconds_guess(j.path))  # longest first: no long tail at the end
+    group = 1 if ray_options.batch_size <= 1 else ray_options.batch_size * GROUP_BATCHES
 
     started_here = not ray.is_initialized()
     if started_here:
@@ -202,21 +254,27 @@ def transcribe_archive(jobs: Sequence[Job], output_dir: Path, output_formats: Se
         while pending or running:
             for actor in actors:
                 if pending and actor not in {a for a, _ in running.values()}:
-                    job = pending.pop(0)
+                    given, pending = pending[:group], pending[group:]
                     if on_dispatch is not None:
-                        on_dispatch(job, pids[actor])
-                    running[actor.run.remote(job.path, options, output_formats, writer_options)] = (actor, job)
+                        for job in given:
+                            on_dispatch(job, pids[actor])
+                    if group == 1:
+                        ref = actor.run.remote(given[0].path, options, output_formats, writer_options)
+                    else:
+                        ref = actor.run_many.remote([job.path for job in given], options, output_formats,
+                                                    writer_options, ray_options.batch_size)
+                    running[ref] = (actor, given)
             ready, _ = ray.wait(list(running), num_returns=1)
-            actor, job = running.pop(ready[0])
-            outcome = _collect(ray, ready[0], job, output_dir, output_formats)
-            summary.add(outcome)
-            if not outcome.ok:
-                failures.append(f"{job.path}\t{outcome.error}")
-                on_problem(outcome.error)
-                _write_failures(failed_tsv, failures)
-            if on_done is not None:
-                on_done(outcome)
-            bar.update(1)
+            actor, given = running.pop(ready[0])
+            for outcome in _collect(ray, ready[0], given, output_dir, output_formats):
+                summary.add(outcome)
+                if not outcome.ok:
+                    failures.append(f"{outcome.job.path}\t{outcome.error}")
+                    on_problem(outcome.error)
+                    _write_failures(failed_tsv, failures)
+                if on_done is not None:
+                    on_done(outcome)
+                bar.update(1)
         bar.close()
     finally:
         if started_here:
@@ -230,16 +288,22 @@ def _start(ray, actors) -> dict:
     return dict(zip(actors, ray.get([a.pid.remote() for a in actors])))
 
 
-def _collect(ray, ref, job: Job, output_dir: Path, output_formats: Sequence[str]) -> FileOutcome:
-    outcome = FileOutcome(job)
+def _collect(ray, ref, jobs: Sequence[Job], output_dir: Path, output_formats: Sequence[str]) -> List[FileOutcome]:
+    """The outcomes of one call (``run``: one file, ``run_many``: several), each file's outputs written."""
     try:
-        result: WorkerResult = ray.get(ref)
+        returned = ray.get(ref)
     except ray.exceptions.RayActorError:
-        outcome.error = f"{job.path}: the worker died twice while transcribing it (out of memory?)"
-        return outcome
+        return [FileOutcome(job, error=f"{job.path}: the worker died twice while transcribing it (out of memory?)")
+                for job in jobs]
     except ray.exceptions.RayTaskError as e:  # a bug in a worker: one line here, the traceback in Ray's log
-        outcome.error = f"{job.path}: failed in the worker ({type(e.cause).__name__}: {e.cause})"
-        return outcome
+        return [FileOutcome(job, error=f"{job.path}: failed in the worker ({type(e.cause).__name__}: {e.cause})")
+                for job in jobs]
+    results = returned if isinstance(returned, list) else [returned]
+    return [_write_result(job, result, output_dir, output_formats) for job, result in zip(jobs, results)]
+
+
+def _write_result(job: Job, result: WorkerResult, output_dir: Path, output_formats: Sequence[str]) -> FileOutcome:
+    outcome = FileOutcome(job)
     if result.error is not None:
         outcome.error = result.error
         return outcome

@@ -143,3 +143,87 @@ def test_a_killed_worker_is_replaced_and_its_file_done(inputs, reference, tmp_pa
     assert (summary.done, summary.failed) == (6, 1)  # ... and its file was done by its replacement
     assert len(problems) == 1 and "broken.wav" in problems[0]
     assert _visible(out) == reference["files"]
+
+
+def test_ray_workers_batch_files_and_give_each_its_own_files(inputs, tmp_path):
+    """--batch-size with --ray: each worker decodes a group of files side by side. At int8 a batched
+    file's outputs are byte-identical to the file alone, so they equal the single-machine command's at
+    --batch-size 1; a bad file is one line and its group's other files finish. A second bad file looks
+    the longest by its size, so it goes out first, at the head of a group."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for path in inputs.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "big broken.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEjunk" + bytes(1_500_000))
+    inputs = folder
+    single = tmp_path / "single"
+    run = subprocess.run(_command(single, str(inputs), "--threads", "1", "--compute-type", "int8", "--batch-size", "1"),
+                         capture_output=True, text=True, env=_env(), timeout=900)
+    assert run.returncode == 1, run.stderr
+    reference = _visible(single)
+    assert len(reference) == 6 * len(FORMATS)
+
+    out = tmp_path / "out"
+    run = subprocess.run(_command(out, str(inputs), "--ray", "--workers", "2", "--threads-per-worker", "1",
+                                  "--compute-type", "int8", "--batch-size", "3"),
+                         capture_output=True, text=True, env=_env(), timeout=900)
+    assert run.returncode == 1, run.stderr
+    assert "Traceback" not in run.stderr
+    assert _visible(out) == reference
+    failed = sorted((out / "failed.tsv").read_text().splitlines()[1:])
+    assert [line.split("\t")[0] for line in failed] == [str(inputs / "big broken.wav"), str(inputs / "broken.wav")]
+    assert "6 files done, 2 failed" in run.stderr.splitlines()[-1]
+
+
+def test_a_group_goes_to_an_actor_as_one_call(monkeypatch, tmp_path):
+    """With a batch size, files are handed out in groups of GROUP_BATCHES batches, longest first."""
+    calls = []
+
+    class FakeRay:
+        class exceptions:
+            RayActorError = RayTaskError = RuntimeError
+
+        initialized = False
+
+        def is_initialized(self):
+            return True
+
+        def remote(self, **kw):
+            return lambda cls: FakeActorClass
+
+        def get(self, ref):
+            return ref.value
+
+        def wait(self, refs, num_returns):
+            return refs[:1], refs[1:]
+
+    class FakeMethod:
+        def __init__(self, name):
+            self.name = name
+
+        def remote(self, paths, *rest):
+            calls.append((self.name, paths if isinstance(paths, list) else [paths]))
+            made = [distributed.WorkerResult(p, contents={"txt": p}, text=p) for p in calls[-1][1]]
+            return type("Ref", (), {"value": made if self.name == "run_many" else made[0]})()
+
+    class FakeActor:
+        pid = type("P", (), {"remote": staticmethod(lambda: 1)})
+        run, run_many = FakeMethod("run"), FakeMethod("run_many")
+
+    class FakeActorClass:
+        @staticmethod
+        def remote(*args):
+            return FakeActor()
+
+    monkeypatch.setattr(distributed, "import_ray", lambda: FakeRay())
+    monkeypatch.setattr(distributed, "audio_seconds_guess", lambda path: float(Path(path).stem[1:]))
+    monkeypatch.setattr(distributed, "_start", lambda ray, actors: {a: 1 for a in actors})
+    from medusa_whisper.batch import Job
+
+    jobs = [Job(f"/x/a{seconds}.wav") for seconds in (5, 50, 20, 40, 10, 30, 60)]
+    summary = distributed.transcribe_archive(jobs, tmp_path, ["txt"], {}, {},
+                                             distributed.RayOptions(workers=1, batch_size=2), skip_existing=False)
+    assert [name for name, _ in calls] == ["run_many", "run_many"]
+    assert [[Path(p).stem for p in paths] for _, paths in calls] == [["a60", "a50", "a40", "a30"], ["a20", "a10", "a5"]]
+    assert summary.done == 7
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {Path(j.path).stem + ".txt": j.path for j in jobs}
