@@ -225,6 +225,9 @@ def _add_transcribe_parser(commands) -> None:
             help="long recordings, fast: cut each file's speech into chunks of at most 30 s (Silero VAD; pip install "
                  "'medusa-whisper[vad]') and decode --batch-size of them side by side (default 8), each without the "
                  "previous text, as faster-whisper's batched pipeline does: not whisper's text")
+    _option(t, "--vad-filter", action="store_true",
+            help="leave out silences of 2 s or more (Silero VAD; pip install 'medusa-whisper[vad]') and transcribe the "
+                 "rest window after window as whisper does, times on the recording's clock (faster-whisper's vad_filter)")
     _option(t, "--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
     _add_draft_arguments(t)
     _add_compute_type_arguments(t)
@@ -387,6 +390,10 @@ def _usage_problem(args: argparse.Namespace) -> Optional[str]:
             return f"--{flag.replace('_', '-')} needs --word-timestamps"
     if args.skip_existing and args.output_dir is None:
         return "--skip-existing needs --output-dir"
+    if args.vad_filter and args.vad_chunks:
+        return "--vad-chunks already leaves the silences out: give --vad-chunks or --vad-filter, not both"
+    if args.vad_filter and args.clip_timestamps.strip() not in ("0", ""):
+        return "--vad-filter chooses what to transcribe: it cannot be combined with --clip-timestamps"
     return None
 
 
@@ -423,7 +430,7 @@ def _transcribe(args: argparse.Namespace) -> int:
     if problem:
         _error(problem)
         return 2
-    if args.vad_chunks:
+    if args.vad_chunks or args.vad_filter:
         from .vad import VadUnavailable, check_available
 
         try:
@@ -630,7 +637,8 @@ def transcribe_options(args: argparse.Namespace, for_workers: bool = False) -> d
                 best_of=args.best_of, beam_size=args.beam_size, patience=args.patience,
                 length_penalty=args.length_penalty, suppress_tokens=args.suppress_tokens, fp16=args.fp16,
                 # transcribe's own default (8 chunks) when --batch-size is not given
-                **(dict(vad_chunks=True, batch_size=args.batch_size) if getattr(args, "vad_chunks", False) else {}))
+                **(dict(vad_chunks=True, batch_size=args.batch_size) if getattr(args, "vad_chunks", False) else {}),
+                **(dict(vad_filter=True) if getattr(args, "vad_filter", False) else {}))
 
 
 # --batch-size's default for several files at int8, where a batched file's outputs are byte-identical

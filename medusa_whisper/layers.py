@@ -55,7 +55,7 @@ LAYERS: Tuple[Layer, ...] = (
           ("medusa_whisper.candidates", "medusa_whisper.decoding", "medusa_whisper.batched")),
     Layer("model", "the whisper-shaped surface: MedusaWhisper imports transcribe at top level for its method, as "
                    "whisper/model.py does, while transcribe takes the model as an argument and never imports it",
-          ("medusa_whisper.chunked", "medusa_whisper.transcribe", "medusa_whisper.model")),
+          ("medusa_whisper.chunked", "medusa_whisper.vad_filter", "medusa_whisper.transcribe", "medusa_whisper.model")),
     Layer("store", "where weights come from: source formats (CTranslate2, Hugging Face), the catalogue of names, "
                    "downloads, the file cache and its manifest; reads model.model_shapes to check conversions",
           ("medusa_whisper.ctranslate2", "medusa_whisper.hf", "medusa_whisper.weights")),

@@ -33,7 +33,7 @@ from whisper.timing import add_word_timestamps
 from whisper.tokenizer import LANGUAGES, Tokenizer, get_tokenizer
 from whisper.utils import format_timestamp, get_end, make_safe
 
-from .audio import AudioInput, open_audio
+from .audio import AudioInput, load_audio, open_audio
 from .decoding import MedusaDecodingOptions, MedusaDecodingResult, as_medusa_options, decode
 from .mel import LogMelFrames
 
@@ -310,6 +310,7 @@ def transcribe(
     progress: Optional[Callable[..., tqdm.tqdm]] = None,
     batch_size: Optional[int] = None,
     vad_chunks: bool = False,
+    vad_filter: bool = False,
     **decode_options,
 ) -> Union[dict, List[Optional[dict]]]:
     """Transcribe audio of any length, as ``whisper.transcribe`` does, with Medusa decoding.
@@ -324,13 +325,18 @@ def transcribe(
                ``vad_chunks``: how many chunks
     vad_chunks : cut the speech into chunks of at most 30 s (Silero VAD) and decode them side by side,
                each without the previous text (chunked.py): faster, but not whisper's text
+    vad_filter : cut out the silences of 2 s or more (Silero VAD) and transcribe the rest window after
+               window (vad_filter.py), as faster-whisper's ``vad_filter``; times stay the recording's
     returns  : whisper's dict (``text``, ``segments``, ``language``) plus ``medusa`` statistics
     """
     if vad_chunks:
         if isinstance(audio, (list, tuple)):
             raise ValueError("vad_chunks takes one recording, not a list")
+        if vad_filter:
+            raise ValueError("vad_chunks already leaves the silences out: give vad_chunks or vad_filter, not both")
         options = {k: v for k, v in locals().items()
-                   if k not in ("model", "audio", "batch_size", "decode_options", "vad_chunks", "verbose", "progress")}
+                   if k not in ("model", "audio", "batch_size", "decode_options", "vad_chunks", "vad_filter", "verbose",
+                                "progress")}
         return _transcribe_chunked(model, audio, batch_size or 8, verbose, **options, **decode_options)
     if isinstance(audio, (list, tuple)):
         options = {k: v for k, v in locals().items()
@@ -347,7 +353,7 @@ def transcribe(
                                            word_timestamps=word_timestamps, prepend_punctuations=prepend_punctuations,
                                            append_punctuations=append_punctuations, clip_timestamps=clip_timestamps,
                                            hallucination_silence_threshold=hallucination_silence_threshold,
-                                           progress=progress, **decode_options),
+                                           progress=progress, vad_filter=vad_filter, **decode_options),
                              lambda request: decode(model, request.mel, request.options, draft_mel=request.draft_mel))
 
 
@@ -399,6 +405,7 @@ def transcription(
     clip_timestamps: Union[str, List[float]] = "0",
     hallucination_silence_threshold: Optional[float] = None,
     progress: Optional[Callable[..., tqdm.tqdm]] = None,
+    vad_filter: bool = False,
     **decode_options,
 ) -> Transcription:
     """``transcribe``'s work as a generator of the windows it needs decoded (see ``Transcription``);
@@ -414,20 +421,33 @@ def transcription(
     if dtype == torch.float32:
         decode_options["fp16"] = False
 
+    kept = None
+    if vad_filter:  # departs from whisper: the silences cut out first (vad_filter.py)
+        from .vad_filter import KeptSpeech
+
+        if _clips(clip_timestamps, 1) != [(0, 1)]:
+            raise ValueError("vad_filter chooses what to transcribe: it cannot be combined with clip_timestamps")
+        recording = load_audio(audio)
+        kept = KeptSpeech.find(recording)
+        recording_seconds = len(recording) / SAMPLE_RATE
+        audio = kept.joined(recording)
+        del recording
+
     with open_audio(audio) as samples:
         mel = LogMelFrames(samples, model.dims.n_mels)
         draft = getattr(model, "draft_model", None)
         # a draft model with another front end (e.g. 80 bins for large-v3's 128) gets its own frames
         draft_frames = (LogMelFrames(samples, draft.dims.n_mels)
                         if draft is not None and draft.dims.n_mels != model.dims.n_mels else None)
-        return (yield from _transcribe_frames(
+        result = yield from _transcribe_frames(
             model, mel, draft_frames=draft_frames, verbose=verbose, temperatures=[temperature] if isinstance(temperature, (int, float)) else list(temperature),
             thresholds=_Thresholds(compression_ratio_threshold, logprob_threshold, no_speech_threshold),
             condition_on_previous_text=condition_on_previous_text, initial_prompt=initial_prompt,
             carry_initial_prompt=carry_initial_prompt, word_timestamps=word_timestamps,
             punctuations=(prepend_punctuations, append_punctuations), clip_timestamps=clip_timestamps,
             hallucination_silence_threshold=hallucination_silence_threshold, progress=progress, dtype=dtype,
-            decode_options=decode_options, medusa_options=medusa_options))
+            decode_options=decode_options, medusa_options=medusa_options)
+    return kept.restore(result, recording_seconds) if kept is not None else result
 
 
 def _transcribe_frames(model, mel: LogMelFrames, *, draft_frames: Optional[LogMelFrames], verbose, temperatures, thresholds: _Thresholds,

@@ -47,7 +47,7 @@ def _silero():
     try:
         import silero_vad
     except ImportError as error:
-        raise VadUnavailable("VAD chunks need the silero-vad package: pip install 'medusa-whisper[vad]' "
+        raise VadUnavailable("Silero VAD (--vad-chunks, --vad-filter) needs the silero-vad package: pip install 'medusa-whisper[vad]' "
                              "(or pip install silero-vad)") from error
     finally:
         torch.set_num_threads(threads)
@@ -79,17 +79,21 @@ def speech_probabilities(model, samples: np.ndarray) -> List[float]:
     return probs.reshape(-1)[:n_frames].tolist()
 
 
-def speech_spans(samples: np.ndarray, options: VadOptions = VadOptions()) -> List[Tuple[int, int]]:
-    """(start, end) sample indices of speech in 16-kHz mono samples, in order, none longer than
-    30 s (Silero splits longer speech at its longest pause, else at 30 s)."""
+def speech_spans(samples: np.ndarray, options: VadOptions = VadOptions(), *, within_chunks: bool = True
+                 ) -> List[Tuple[int, int]]:
+    """(start, end) sample indices of speech in 16-kHz mono samples, in order; with ``within_chunks``
+    none longer than 30 s (Silero splits longer speech at its longest pause, else at 30 s)."""
     silero, model = _silero()
     samples = np.ascontiguousarray(samples, dtype=np.float32)
     pad = options.speech_pad_ms / 1000
     spans = silero.get_speech_timestamps_from_probs(
         speech_probabilities(model, samples), sampling_rate=SAMPLE_RATE, threshold=options.threshold,
-        min_speech_duration_ms=options.min_speech_ms, max_speech_duration_s=CHUNK_SECONDS - 2 * pad - 0.1,
+        min_speech_duration_ms=options.min_speech_ms,
+        max_speech_duration_s=CHUNK_SECONDS - 2 * pad - 0.1 if within_chunks else float("inf"),
         min_silence_duration_ms=options.min_silence_ms, speech_pad_ms=options.speech_pad_ms,
         audio_length_samples=len(samples))
+    if not within_chunks:
+        return [(span["start"], span["end"]) for span in spans]
     limit = int(CHUNK_SECONDS * SAMPLE_RATE)
     out = []
     for span in spans:  # padding may still reach past 30 s in rare cases: cut there

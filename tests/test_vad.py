@@ -1,4 +1,5 @@
-"""--vad-chunks: Silero VAD's spans, chunks of at most 30 s decoded side by side, times put back."""
+"""--vad-chunks: Silero VAD's spans, chunks of at most 30 s decoded side by side, times put back.
+--vad-filter: the long silences left out of sequential decoding, times put back."""
 
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import torch
 
 import medusa_whisper
 from medusa_whisper import chunked, vad
+from medusa_whisper.vad_filter import KeptSpeech
 from medusa_whisper.audio import load_audio
 from medusa_whisper.cli import main
 
@@ -95,3 +97,60 @@ def test_without_silero_vad_one_clear_line(recording, int8_model, tmp_path, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "silero-vad" in err[0], err  # said once, before any file is read
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_kept_speech_maps_joined_times_back_to_the_recording():
+    kept = KeptSpeech.of([(1 * SECOND, 3 * SECOND), (3 * SECOND, 4 * SECOND), (10 * SECOND, 12 * SECOND), (5, 5)])
+    assert kept.spans == ((1 * SECOND, 4 * SECOND), (10 * SECOND, 12 * SECOND))  # touching spans joined, empty gone
+    samples = np.arange(13 * SECOND, dtype=np.float32)
+    joined = kept.joined(samples)
+    assert len(joined) == 5 * SECOND and joined[3 * SECOND] == 10 * SECOND
+    # joined 0-3 s is the recording's 1-4 s, joined 3-5 s its 10-12 s
+    assert kept.original_seconds(0.5) == 1.5 and kept.original_seconds(3.5) == 10.5
+    assert kept.original_seconds(3.0) == 10.0  # a start on the seam: the second span's start
+    assert kept.original_seconds(3.0, is_end=True) == 4.0  # an end on the seam: the first span's end
+    assert kept.original_seconds(0.0, is_end=True) == 1.0 and kept.original_seconds(5.0, is_end=True) == 12.0
+    assert KeptSpeech.of([]).joined(samples).size == 0
+
+
+@pytest.fixture(scope="module")
+def gap_recording(tmp_path_factory):
+    """JFK (11 s), 40 s of near-silence, then JFK's first 6 s again."""
+    speech = load_audio(DATA / "real" / "jfk.flac")
+    quiet = (np.random.default_rng(1).standard_normal(40 * SECOND) * 1e-4).astype(np.float32)
+    path = tmp_path_factory.mktemp("gap") / "gap.flac"
+    soundfile.write(path, np.concatenate([speech, quiet, speech[: 6 * SECOND]]), SECOND, subtype="PCM_16")
+    return path, len(speech) / SECOND
+
+
+def test_vad_filter_skips_the_silence_and_keeps_the_recordings_clock(gap_recording, int8_model):
+    path, speech_seconds = gap_recording
+    gap_end = speech_seconds + 40
+    plain = medusa_whisper.transcribe(int8_model, str(path), word_timestamps=True, verbose=None)
+    result = medusa_whisper.transcribe(int8_model, str(path), vad_filter=True, word_timestamps=True, verbose=None)
+    assert result["medusa"]["windows"] < plain["medusa"]["windows"]  # the silence cost no window
+    assert result["medusa"]["audio_seconds"] == round(gap_end + 6, 3)
+    assert result["text"].count("fellow Americans") == 2
+    words = [w for s in result["segments"] for w in s["words"]]
+    pad = 0.4 + 0.1
+    # no word inside the silence; the second JFK's words where it is in the recording, not where it
+    # is in the joined audio (about 40 s earlier)
+    assert not [w for w in words if speech_seconds + pad < w["end"] and w["start"] < gap_end - pad]
+    second = [w for w in words if w["start"] >= gap_end - pad]
+    assert second and "And" in second[0]["word"] and second[0]["start"] < gap_end + 1.0
+    assert all(w["end"] <= gap_end + 6 + 0.01 for w in words)
+    assert [s["start"] for s in result["segments"]] == sorted(s["start"] for s in result["segments"])
+
+
+def test_cli_vad_filter_writes_the_recordings_times_and_refuses_vad_chunks_with_it(gap_recording, int8_model,
+                                                                                  tmp_path, monkeypatch, capsys):
+    path, speech_seconds = gap_recording
+    monkeypatch.setattr(medusa_whisper, "load_model", lambda *args, **kwargs: int8_model)
+    out = tmp_path / "out"
+    assert main(["transcribe", str(path), "--vad_filter", "-f", "srt", "-o", str(out), "--verbose", "None"]) == 0
+    srt = (out / "gap.srt").read_text()
+    assert "00:00:5" in srt  # the second JFK, near 51 s
+    capsys.readouterr()
+    assert main(["transcribe", str(path), "--vad-filter", "--vad-chunks", "-o", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--vad-filter" in err[0], err
