@@ -12,7 +12,8 @@ how many files have the same text as our ``--batch-size 1``, and peak RSS. Write
 
 ``--long FILE``: one long recording (its transcript beside it, FILE.txt, as make_long_audio.py
 writes it) instead: faster-whisper window after window and its ``BatchedInferencePipeline`` (VAD
-chunks side by side) at each batch size, our sequential ``transcribe`` and our ``--vad-chunks`` at
+chunks side by side) at each batch size, both with the long silences left out first (its
+``vad_filter``, our ``--vad-filter``), our sequential ``transcribe`` and our ``--vad-chunks`` at
 each batch size; greedy everywhere (faster-whisper's own default is beam 5), fallback on.
 """
 
@@ -46,7 +47,7 @@ def worker(args) -> None:
     torch.set_num_threads(args.threads)
     paths = json.loads(Path(args.files_json).read_text())
     began = time.perf_counter()
-    if args.worker == "faster-whisper":
+    if args.worker.startswith("faster-whisper"):
         from faster_whisper import WhisperModel
 
         sys.path.insert(0, str(ROOT))
@@ -64,7 +65,8 @@ def worker(args) -> None:
             if args.batch_size > 1:
                 segments, _ = model.transcribe(path, language="en", beam_size=1, best_of=5, batch_size=args.batch_size)
             else:
-                segments, _ = model.transcribe(path, language="en", beam_size=1, best_of=5, vad_filter=False)
+                segments, _ = model.transcribe(path, language="en", beam_size=1, best_of=5,
+                                               vad_filter=args.worker == "faster-whisper-vad-filter")
             texts.append("".join(s.text for s in segments))
     else:
         sys.path.insert(0, str(ROOT))
@@ -75,6 +77,9 @@ def worker(args) -> None:
         if args.worker == "ours-vad":
             results = [medusa_whisper.transcribe(model, path, vad_chunks=True, batch_size=args.batch_size, language="en",
                                                  fp16=False, mode="off") for path in paths]
+        elif args.worker == "ours-vad-filter":
+            results = [medusa_whisper.transcribe(model, path, vad_filter=True, language="en", fp16=False, mode="off")
+                       for path in paths]
         else:
             results = medusa_whisper.transcribe(model, paths, batch_size=args.batch_size, language="en", fp16=False,
                                                 mode="off")
@@ -102,7 +107,8 @@ def main() -> None:
     parser.add_argument("--long", type=Path, default=None, metavar="FILE",
                         help="one long recording (with FILE.txt) instead of the archive")
     parser.add_argument("--out", type=Path, default=None, help="write <out>.json, <out>.md and <out>.png")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # faster-whisper, ours, ours-vad
+    # faster-whisper, faster-whisper-vad-filter, ours, ours-vad, ours-vad-filter
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--files-json", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -147,7 +153,9 @@ def main() -> None:
         for batch in [b for b in sizes if b > 1]:
             run(f"faster-whisper {args.compute_type} BatchedInferencePipeline, batch_size {batch}", "faster-whisper",
                 batch)
+        run(f"faster-whisper {args.compute_type}, window after window, vad_filter", "faster-whisper-vad-filter", 1)
         run(f"medusa-whisper {args.compute_type}, --batch-size 1", "ours", 1)
+        run(f"medusa-whisper {args.compute_type}, --vad-filter", "ours-vad-filter", 1)
         for batch in sizes:
             run(f"medusa-whisper {args.compute_type}, --vad-chunks --batch-size {batch}", "ours-vad", batch)
     ours_one = next((s for name, s in systems.items() if name.endswith("--batch-size 1")), None)
