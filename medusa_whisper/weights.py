@@ -112,11 +112,18 @@ class Resolved:
 
 
 def heads_dir() -> Path:
-    """``$MEDUSA_WHISPER_HEADS_DIR``, or the repository's top-level ``weights/`` folder."""
+    """Where the trained heads are: ``$MEDUSA_WHISPER_HEADS_DIR``; else the installed package
+    ``medusa_whisper_heads`` (the repository's top-level ``weights/`` folder, shipped as package data,
+    see setup.cfg); else that folder beside this file's package, when run from a checkout that is
+    not installed."""
     override = os.environ.get(HEADS_ENV)
     if override:
         return Path(override).expanduser()
-    return Path(__file__).resolve().parent.parent / "weights"  # this file is medusa_whisper/weights.py
+    try:
+        import medusa_whisper_heads
+    except ImportError:
+        return Path(__file__).resolve().parent.parent / "weights"  # this file is medusa_whisper/weights.py
+    return Path(medusa_whisper_heads.__file__).resolve().parent
 
 
 def base_models() -> List[str]:
