@@ -8,8 +8,8 @@
   stream, LayerNorms, attention and the encoder's convolutions stay float32.
 - ``int8``: every linear outside the encoder (decoder, Medusa heads and block, any drafter module
   attached to the model) becomes an ``Int8Linear``: int8 weights with one scale per output
-  channel. The vocabulary projection is int8 too (``Int8Rows``, through ``transposed_rows`` in
-  decoder.py), by whichever of two row-independent kernels measures faster on the running CPU. The encoder's linears, whose products have 1,500
+  channel. The vocabulary projection is int8 too (``projection.Int8Projection``, the decoder's
+  ``token_projection``), by whichever of two row-independent kernels measures faster on the running CPU. The encoder's linears, whose products have 1,500
   rows, run in bfloat16 where the CPU has bfloat16 instructions (there they are both faster and
   more accurate than int8) and as row-wise ``Int8Linear`` where it has not.
 - ``float16``, ``int8_float16``: CUDA only, as in faster-whisper.
@@ -26,7 +26,7 @@ What both end up calling are PyTorch's own int8 kernels, which we call directly:
 int8 weight-only path on CPUs) for the decoder's linears, and for the projection either that or
 oneDNN's prepacked ``onednn::qlinear_pointwise`` (the kernel Inductor lowers torchao's int8
 linears to on x86) with activations quantised per row, whichever the running CPU times faster
-(``Int8Embedding.projection_kernel``). Both are exact integer (or row-independent)
+(``Int8Projection.choose_kernel``). Both are exact integer (or row-independent)
 arithmetic: a row's result does not depend on the other rows, so ``lossless`` stays lossless.
 
 Quantised models are cached beside the weights cache (``cache_dir()/compute``) as safetensors,
@@ -40,9 +40,8 @@ import functools
 import hashlib
 import json
 import logging
-import weakref
 from pathlib import Path
-from typing import Callable, Dict, Hashable, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +50,8 @@ from whisper.model import MultiHeadAttention, ResidualAttentionBlock
 
 from .errors import MedusaWhisperError
 from .paths import atomic_path, cache_dir
-from .routes import median_micros, table as routes_table
+from .int8_kernels import Prepared, prepack, quantize_rows, rowwise_int8_matmul
+from .projection import HalfProjection, Int8Projection
 
 log = logging.getLogger(__name__)
 
@@ -95,69 +95,6 @@ def compute_type_of(model: nn.Module) -> str:
 # ---------------------------------------------------------------- int8 weights
 
 
-def quantize_rows(weight: Tensor) -> Tuple[Tensor, Tensor]:
-    """Symmetric int8 quantisation with one scale per row (per output channel).
-
-    weight  : shape = (n_out, n_in), floating point
-    returns : int8 of shape (n_out, n_in) and float32 scales of shape (n_out,), weight ~ q * scale[:, None]
-    """
-    w = weight.detach().float()
-    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q, scale
-
-
-# prepacked oneDNN weights, per Int8Rows/Int8Linear: opaque tensors that cannot be saved or deep-copied
-_PACKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _packed(owner, qweight: Tensor) -> Tensor:
-    packed = _PACKED.get(owner)
-    if packed is None:
-        packed = _PACKED[owner] = torch.ops.onednn.qlinear_prepack(qweight, None)
-    return packed
-
-
-def _rowwise_int8_matmul(owner, x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
-    """x @ (qweight * scale[:, None]).T with x quantised to int8 row by row, in exact integer arithmetic.
-
-    x : shape = (M, n_in) float32 -> (M, n_out) float32. Each row is scaled to the kernel's exact
-    range by its own maximum, so a row's result is the same whichever rows it is computed with.
-    """
-    levels, zero_point = _activation_range()
-    row_scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30) / levels
-    # oneDNN's u8s8 path: activations as uint8 around a zero point
-    q = torch.round(x / row_scale).add_(zero_point).to(torch.uint8)
-    zero_points = _ZEROS.get(qweight.shape[0])
-    if zero_points is None:
-        zero_points = _ZEROS[qweight.shape[0]] = torch.zeros(qweight.shape[0], dtype=torch.long)
-    y = torch.ops.onednn.qlinear_pointwise(q, 1.0, zero_point, _packed(owner, qweight), scale, zero_points, None,
-                                           1.0, 0, torch.float32, "none", [], "")
-    return y.mul_(row_scale)
-
-
-@functools.lru_cache(maxsize=1)
-def _activation_range() -> Tuple[int, int]:
-    """(levels, zero point) of the uint8 activations ``_rowwise_int8_matmul`` gives oneDNN.
-
-    With VNNI (or AMX) oneDNN's u8s8 products sum exactly, and activations use the full 8 bits
-    (-127..127 around 128). Without it (AVX2 only), the kernel adds pairs of u8 x s8 products in
-    saturating 16-bit arithmetic (vpmaddubsw), so 8-bit activations overflow (measured on an AVX2
-    EPYC: 14 % relative error); 7 bits (-63..63 around 64) cannot (2 x 127 x 127 < 32,767), as in
-    PyTorch's own ``reduce_range`` for x86. Which one holds is measured here, on a worst case."""
-    n_in = 64
-    weight = torch.full((8, n_in), 127, dtype=torch.int8)
-    packed = torch.ops.onednn.qlinear_prepack(weight, None)
-    q = torch.full((1, n_in), 255, dtype=torch.uint8)  # largest activation, all of one sign
-    y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, packed, torch.ones(8), torch.zeros(8, dtype=torch.long), None,
-                                           1.0, 0, torch.float32, "none", [], "")
-    exact = float(255 * 127 * n_in)
-    return (127, 128) if bool((y == exact).all()) else (63, 64)
-
-
-_ZEROS: Dict[int, Tensor] = {}
-
-
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights (one scale per output channel), a drop-in for whisper's Linear.
 
@@ -176,6 +113,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scale", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self.prepared = Prepared()
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self.prepared.clear()  # the weights are being replaced: forms made from them are stale
+        super()._load_from_state_dict(*args, **kwargs)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, kernel: str = "weight_only") -> "Int8Linear":
@@ -200,7 +142,7 @@ class Int8Linear(nn.Module):
             else:  # the scale and the bias in one elementwise pass
                 y, bias = torch.addcmul(bias, y, self.scale), None
         elif self.kernel == "rowwise":
-            y = _rowwise_int8_matmul(self, rows.float(), self.qweight, self.scale)
+            y = rowwise_int8_matmul(rows.float(), self._packed(), self.scale, self._zero_points())
         else:
             y = F.linear(rows.float(), self.qweight.float() * self.scale[:, None])
         if bias is not None:
@@ -211,26 +153,25 @@ class Int8Linear(nn.Module):
         """The dequantised weight in bfloat16 (kept while the module lives, not saved): for products of
         many rows, such as the cross-attention keys and values of 1,500 audio positions, where the
         int8 kernel scales with the rows (base, 1,500 x 512 -> 512, 2 threads: 2.8 ms against 0.9 ms)."""
-        cached = _DEQUANTIZED.get(self)
-        if cached is None or cached[0] != self.qweight.data_ptr():
-            cached = _DEQUANTIZED[self] = (self.qweight.data_ptr(),
-                                           (self.qweight.float() * self.scale[:, None]).to(torch.bfloat16))
-        return cached[1]
+        return self.prepared.get("bfloat16", lambda: (self.qweight.float() * self.scale[:, None]).to(torch.bfloat16),
+                                 self.qweight, self.scale)
 
     def _unit_scale(self) -> Tensor:
         # the per-channel scale is applied in float32 afterwards: as a bfloat16 factor inside the
         # kernel it would itself be rounded to 8 bits
-        ones = _UNIT.get(self)
-        if ones is None or ones.device != self.qweight.device:
-            ones = _UNIT[self] = torch.ones(self.out_features, dtype=torch.bfloat16, device=self.qweight.device)
-        return ones
+        return self.prepared.get("unit", lambda: torch.ones(self.out_features, dtype=torch.bfloat16,
+                                                            device=self.qweight.device), self.qweight)
+
+    def _packed(self) -> Tensor:
+        return self.prepared.get("packed", lambda: prepack(self.qweight), self.qweight)
+
+    def _zero_points(self) -> Tensor:
+        return self.prepared.get("zero points", lambda: torch.zeros(self.out_features, dtype=torch.long), self.qweight)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
 
 
-_UNIT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_DEQUANTIZED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # rows from which an int8 linear multiplies a bfloat16 copy of its weight instead (Int8Linear._bfloat16_weight);
 # a decoder pass never has this many (MAX_ROWS of invariant_attention is 32), a prompt pass may
 MANY_ROWS = 256
@@ -287,159 +228,6 @@ class HalfLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.weight.dtype}"
-
-
-class Int8Rows:
-    """Selected rows of the token embedding as an int8 projection: ``states @ rows`` gives their logits.
-
-    Stands where ``transposed_rows`` returns ``weight[rows].T`` for float models: ``states @ it``
-    (states of shape (..., n_state)) returns float32 logits of shape (..., n_rows). Either kernel
-    computes each row on its own, so verifying several rows at once gives each the logits it gets
-    alone: "rowwise" quantises the activations per row (``_rowwise_int8_matmul``, oneDNN),
-    "weight_only" multiplies bfloat16 activations by the int8 rows (``torch._weight_int8pack_mm``).
-    """
-
-    KERNELS = ("rowwise", "weight_only")
-
-    def __init__(self, qweight: Tensor, scale: Tensor, kernel: str = "rowwise"):
-        assert kernel in self.KERNELS, kernel
-        self.qweight, self.scale = qweight.contiguous(), scale.contiguous()  # (n_rows, n_state), (n_rows,)
-        self.kernel = kernel
-        if kernel == "rowwise":
-            _packed(self, self.qweight)  # prepack now, not in the first decoder step
-        else:  # the scale is applied in float32 afterwards, as in Int8Linear
-            self.unit = torch.ones(self.qweight.shape[0], dtype=torch.bfloat16, device=self.qweight.device)
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.qweight.shape[1], self.qweight.shape[0]))  # as weight[rows].T
-
-    def __rmatmul__(self, states: Tensor) -> Tensor:
-        shape = states.shape
-        rows = states.reshape(-1, shape[-1])
-        if self.kernel == "weight_only":
-            y = torch._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.qweight, self.unit)
-            y = y.float().mul_(self.scale)
-        else:
-            y = _rowwise_int8_matmul(self, rows.float(), self.qweight, self.scale)
-        return y.reshape(*shape[:-1], self.qweight.shape[0])
-
-
-class HalfRows:
-    """Selected rows of the token embedding in bfloat16 (or float16): ``states @ rows`` gives float32 logits."""
-
-    def __init__(self, weight: Tensor):
-        self.matrix = weight.T.contiguous()  # (n_state, n_rows): see transposed_rows for why a copy
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.matrix.shape
-
-    def __rmatmul__(self, states: Tensor) -> Tensor:
-        # one row at a time, for the reason given at HalfLinear.rows_alone
-        rows = states.reshape(-1, states.shape[-1]).to(self.matrix.dtype)
-        logits = torch.cat([rows[i:i + 1] @ self.matrix for i in range(rows.shape[0])]).float()
-        return logits.reshape(*states.shape[:-1], self.matrix.shape[1])
-
-
-class Int8Embedding(nn.Module):
-    """The int8 copy of a token embedding that vocabulary projections use (int8 compute types)."""
-
-    def __init__(self, n_vocab: int, n_state: int):
-        super().__init__()
-        self.register_buffer("qweight", torch.zeros(n_vocab, n_state, dtype=torch.int8))
-        self.register_buffer("scale", torch.ones(n_vocab))
-
-    @classmethod
-    def from_weight(cls, weight: Tensor) -> "Int8Embedding":
-        module = cls(*weight.shape)
-        module.qweight, module.scale = quantize_rows(weight)
-        return module
-
-    # the kernel of every projection onto this embedding's rows: one for all of them, so that a
-    # shortlist's logits are the full vocabulary's; None until measured (``projection_kernel``)
-    kernel: Optional[str] = None
-
-    def rows(self, index: Optional[Tensor]) -> Int8Rows:
-        kernel = self.projection_kernel()
-        if index is None:
-            return Int8Rows(self.qweight, self.scale, kernel)
-        return Int8Rows(self.qweight[index], self.scale[index], kernel)
-
-    def projection_kernel(self) -> str:
-        """The faster Int8Rows kernel on this CPU for this vocabulary, timed at 1 and 8 rows once per
-        machine (routes.py). They differ by 4x either way: oneDNN's u8s8 product is the faster on
-        CPUs with VNNI, and 4x slower than ``_weight_int8pack_mm`` on an AVX2 EPYC (17.2 against 4.2 ms
-        for base's 51,865 rows)."""
-        if self.kernel is None:
-            if self.qweight.device.type != "cpu":
-                self.kernel = "weight_only"
-            else:
-                n_vocab, n_state = self.qweight.shape
-
-                def timer(kernel: str):
-                    rows = Int8Rows(self.qweight, self.scale, kernel)
-                    one, eight = torch.randn(1, n_state), torch.randn(8, n_state)
-                    return lambda: median_micros(lambda: one @ rows) + median_micros(lambda: eight @ rows)
-                self.kernel = routes_table().choose_kernel(
-                    f"int8 projection {n_vocab}x{n_state}", {k: timer(k) for k in Int8Rows.KERNELS})
-        return self.kernel
-
-
-class HalfEmbedding(nn.Module):
-    """The bfloat16 (or float16) copy of a token embedding that vocabulary projections use."""
-
-    def __init__(self, n_vocab: int, n_state: int, dtype: torch.dtype = torch.bfloat16):
-        super().__init__()
-        self.register_buffer("weight", torch.zeros(n_vocab, n_state, dtype=dtype))
-
-    @classmethod
-    def from_weight(cls, weight: Tensor, dtype: torch.dtype) -> "HalfEmbedding":
-        module = cls(*weight.shape, dtype=dtype)
-        module.weight = weight.detach().to(dtype).clone()
-        return module
-
-    def rows(self, index: Optional[Tensor]) -> HalfRows:
-        return HalfRows(self.weight if index is None else self.weight[index])
-
-
-# id(token-embedding weight) -> (a weak reference to it, the module its projections come from);
-# keyed by id because a tensor's == is elementwise, which a WeakKeyDictionary would call on a
-# hash collision
-_PROJECTIONS: Dict[int, Tuple["weakref.ref", nn.Module]] = {}
-
-
-def _register_projection(weight: Tensor, source: nn.Module) -> None:
-    key = id(weight)
-    _PROJECTIONS[key] = (weakref.ref(weight, lambda _: _PROJECTIONS.pop(key, None)), source)
-
-
-def projection_source(weight: Tensor) -> Optional[nn.Module]:
-    entry = _PROJECTIONS.get(id(weight))
-    return entry[1] if entry is not None and entry[0]() is weight else None
-
-
-# owner module -> ((projection source identity, rows_key), its rows)
-_ROWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def projected_rows(owner: nn.Module, weight: Tensor, rows: Optional[Callable[[], Tensor]] = None,
-                   rows_key: Hashable = None) -> Optional[Union[Int8Rows, HalfRows]]:
-    """The compute type's projection onto ``weight[rows()]`` when ``weight`` is the token embedding
-    of a converted model, else None (float32: ``transposed_rows`` makes its own copy).
-
-    Made once per owner and ``rows_key`` (as ``transposed_rows``' copies are). Rows of the int8
-    embedding keep their own scales, so a shortlist projects exactly as the full vocabulary does.
-    """
-    source = projection_source(weight)
-    if source is None:
-        return None
-    key = (id(source), rows_key)
-    cached = _ROWS.get(owner)
-    if cached is None or cached[0] != key:
-        index = None if rows is None else rows().to(weight.device)
-        cached = _ROWS[owner] = (key, source.rows(index))
-    return cached[1]
 
 
 # ---------------------------------------------------------------- applying a compute type
@@ -525,10 +313,10 @@ def _convert_structure(model: nn.Module, compute_type: str, device_type: str, qu
                 block.attn.invariant_dtype = block.cross_attn.invariant_dtype = dtype
     embedding = model.decoder.token_embedding.weight
     if compute_type in ("int8", "int8_float16"):
-        model.decoder.token_projection = Int8Embedding.from_weight(embedding) if quantize else Int8Embedding(
+        model.decoder.token_projection = Int8Projection.from_weight(embedding) if quantize else Int8Projection(
             *embedding.shape)
     else:
-        model.decoder.token_projection = HalfEmbedding.from_weight(embedding, half) if quantize else HalfEmbedding(
+        model.decoder.token_projection = HalfProjection.from_weight(embedding, half) if quantize else HalfProjection(
             *embedding.shape, dtype=half)
 
 
@@ -554,12 +342,10 @@ def _invariant_attention_holds(model: nn.Module, dtype: torch.dtype) -> bool:
 
 def _finish(model: nn.Module, compute_type: str) -> None:
     """Hooks, markers and prepacking shared by a fresh conversion and a cached load."""
-    weight = model.decoder.token_embedding.weight
-    _register_projection(weight, model.decoder.token_projection)
-    projected_rows(model.decoder, weight)  # build (and prepack) the full projection now, not in the first step
+    model.decoder.token_projection.prepare()  # choose its kernel and prepack now, not in the first step
     for module in model.modules():
         if isinstance(module, Int8Linear) and module.kernel == "rowwise":
-            _packed(module, module.qweight)
+            module._packed()
         elif isinstance(module, ResidualAttentionBlock):
             fuse_qkv(module.attn)
     model.compute_type = compute_type

@@ -10,9 +10,8 @@ whisper modules themselves are untouched, so ``whisper.decode`` on the same mode
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
-from typing import Callable, Hashable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -20,10 +19,10 @@ from torch import Tensor, nn
 import whisper.model
 from whisper.model import MultiHeadAttention, ResidualAttentionBlock, TextDecoder
 
-from .compute import projected_rows
 from .invariant_attention import every_slot_mask, invariant_attention, invariant_dtype, row_invariant
 from .kv_cache import CrossKV, StaticKVCache
 from .masks import chain_mask  # noqa: F401 (re-exported: the decoder's callers build their masks with it)
+from .projection import of as projection_of
 from .routes import WEIGHT_FIRST, WHISPER_ROUTE, route_for, weight_times_rows  # noqa: F401 (re-exported)
 
 
@@ -275,99 +274,10 @@ def decoder_rows_step(decoder: TextDecoder, tokens: Tensor, positions: Tensor, c
     return decoder.ln(x)[:, 0]
 
 
-# owner module -> ((weight identity and version, dtype, rows_key), its transposed rows)
-_TRANSPOSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def transposed_rows(owner: nn.Module, weight: Tensor, dtype: torch.dtype,
-                    rows: Optional[Callable[[], Tensor]] = None, rows_key: Hashable = None) -> Tensor:
-    """``weight[rows()].T`` (all rows when ``rows`` is None) as a contiguous (n_state, n_rows) matrix.
-
-    Made once per owner, weight, dtype and ``rows_key`` (what identifies the selection, e.g. the
-    size of the heads' proposal vocabulary): ``rows`` is only called then, so the per-step caller
-    pays nothing but a dictionary lookup.
-
-    Differs from whisper (``x @ weight.T``): on a CPU a matmul with a few rows against the
-    transposed view of the (n_vocab, n_state) embedding is about twice as slow as against a
-    contiguous transposed copy, and these projections are most of a small model's decoding time.
-    The copy costs one more embedding's worth of memory. On CUDA the view is as fast: no copy.
-
-    For a model of another compute type (compute.py) it returns that type's projection instead
-    (``Int8Rows``: the rows in int8, prepacked once; ``HalfRows``: in bfloat16): ``states @ it``
-    gives their float32 logits, so callers that multiply with ``@`` need no change.
-    """
-    converted = projected_rows(owner, weight, rows, rows_key)
-    if converted is not None:
-        return converted
-    if weight.device.type != "cpu":
-        return (weight if rows is None else weight[rows()]).to(dtype).T
-    key = (weight.data_ptr(), _version(weight), dtype, rows_key)
-    cached = _TRANSPOSED.get(owner)
-    if cached is None or cached[0] != key:  # only the latest: a changed weight drops the old copy
-        chosen = weight.detach() if rows is None else weight.detach()[rows()]
-        cached = _TRANSPOSED[owner] = (key, chosen.to(dtype).T.contiguous())
-    return cached[1]
-
-
-def _version(weight: Tensor):
-    """What changes when ``weight`` is written in place: its version counter, or for an inference
-    tensor (made under ``torch.inference_mode()``, which keeps no counter) 64 of its values."""
-    if weight.is_inference():
-        return tuple(weight.detach().reshape(-1)[:: max(1, weight.numel() // 64)][:64].tolist())
-    return weight._version
-
-
 def project(decoder: TextDecoder, states: Tensor) -> Tensor:
-    """Vocabulary logits through the tied token embedding, in fp32 as whisper returns them.
+    """Vocabulary logits through the tied token embedding, by the decoder's projection module
+    (projection.py: its compute type's kernel), in fp32 as whisper returns them.
 
     states : shape = (..., n_state) -> (..., n_vocab)
     """
-    return rows_logits(decoder, decoder.token_embedding.weight, states).float()
-
-
-# owner module -> ((weight identity and version, rows_key), weight[rows()] contiguous)
-_SELECTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def rows_logits(owner: nn.Module, weight: Tensor, states: Tensor, rows: Optional[Callable[[], Tensor]] = None,
-                rows_key: Hashable = None) -> Tensor:
-    """``states @ weight[rows()].T``: logits over the embedding's rows (all of them when ``rows`` is
-    None), the one route of every projection (the vocabulary, the Medusa heads' proposal vocabulary,
-    a draft head's shortlist). ``rows`` and ``rows_key`` as for ``transposed_rows``.
-
-    A converted model (compute.py) multiplies with its compute type's projection. Float32 weights on
-    a CPU go the route ``routes.route_for`` measured fastest here for this many rows: ``weight_times_rows``
-    over the rows as stored (a selection is copied once per owner, weight and ``rows_key``), or
-    ``transposed_rows``' copy, which a GPU always takes.
-
-    states : shape = (..., n_state) -> (..., n_rows)
-    """
-    converted = projected_rows(owner, weight, rows, rows_key)
-    if converted is not None:
-        return states @ converted
-    if weight.dtype == states.dtype and _projection_route(owner, weight, states, rows, rows_key) == WEIGHT_FIRST:
-        chosen = weight if rows is None else _selected_rows(owner, weight, rows, rows_key)
-        logits = weight_times_rows(chosen, None, states.reshape(-1, states.shape[-1]))
-        return logits.reshape(*states.shape[:-1], logits.shape[-1])
-    return states @ transposed_rows(owner, weight, states.dtype, rows, rows_key)
-
-
-def _projection_route(owner: nn.Module, weight: Tensor, states: Tensor, rows: Optional[Callable[[], Tensor]],
-                      rows_key: Hashable) -> str:
-    """The measured route for this projection: its shape is that of the selected rows."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        return WHISPER_ROUTE
-    chosen = weight if rows is None else _selected_rows(owner, weight, rows, rows_key)
-    return route_for("projection", chosen, _rows(states))
-
-
-def _selected_rows(owner: nn.Module, weight: Tensor, rows: Callable[[], Tensor], rows_key: Hashable) -> Tensor:
-    key = (weight.data_ptr(), _version(weight), rows_key)
-    cached = _SELECTED.get(owner)
-    if cached is None or cached[0] != key:  # only the latest: a changed weight drops the old copy
-        cached = _SELECTED[owner] = (key, weight.detach()[rows()].contiguous())
-    return cached[1]
-
-
-def _rows(states: Tensor) -> int:
-    return states.numel() // max(states.shape[-1], 1)
+    return projection_of(decoder)(states).float()

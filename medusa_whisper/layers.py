@@ -29,15 +29,16 @@ LAYERS: Tuple[Layer, ...] = (
           ("medusa_whisper.errors", "medusa_whisper.paths", "medusa_whisper.layers")),
     Layer("audio", "reading audio files, the streamed mel front end, voice activity: no model, no options",
           ("medusa_whisper.sniff", "medusa_whisper.audio", "medusa_whisper.mel", "medusa_whisper.vad")),
-    Layer("kernels", "tensor-level pieces (measured linear routes, row-invariant attention, the static cache, masks): "
-                     "no model, no I/O beyond the route timings' cache file",
-          ("medusa_whisper.routes", "medusa_whisper.invariant_attention", "medusa_whisper.kv_cache",
-           "medusa_whisper.masks")),
+    Layer("kernels", "tensor-level pieces (measured linear routes, int8 arithmetic, row-invariant attention, the "
+                     "static cache, masks, the vocabulary projection modules): no model, no I/O beyond the route "
+                     "timings' cache file",
+          ("medusa_whisper.routes", "medusa_whisper.int8_kernels", "medusa_whisper.invariant_attention",
+           "medusa_whisper.kv_cache", "medusa_whisper.masks", "medusa_whisper.projection")),
     Layer("proposer seam", "what the decoding loop sees of any proposer (candidate trees, propose() and "
                            "commit()): plain data and masks, no model",
           ("medusa_whisper.drafting", "medusa_whisper.drafting.tree", "medusa_whisper.drafting.base")),
-    Layer("compute types", "int8/bfloat16 layers and the load-time surgery that swaps them in; below the decoder "
-                           "because the decoder reads its projection (compute.projected_rows)",
+    Layer("compute types", "int8/bfloat16 layers and the load-time surgery that swaps them in (the linears, and the "
+                           "decoder's projection for its compute type)",
           ("medusa_whisper.compute",)),
     Layer("decoder and heads", "whisper's decoder run with explicit positions, cache slots and masks; the Medusa "
                                "head modules",

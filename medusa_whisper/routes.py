@@ -5,7 +5,7 @@ model, and those weights come from memory, not from the cache. Two routes give t
 in a different order of summation:
 
 - ``"x@W.T"``: whisper's ``F.linear(x, W, b)``, or for a projection ``x @ W.T`` against a
-  contiguous transposed copy (``decoder.transposed_rows``);
+  contiguous transposed copy (``projection.FloatProjection``);
 - ``"W@x.T"``: ``(b + W @ x.T).T`` with one row duplicated into two (``weight_times_rows``).
 
 Which one is faster depends on the CPU and on the BLAS build: on one 2-core AMD EPYC, ``W @ x.T``
@@ -80,7 +80,7 @@ def machine_id() -> Dict[str, object]:
     return {"cpu": model, "flags": flags, "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
-# instruction sets that decide which kernels are fast (or exact: see compute._activation_range)
+# instruction sets that decide which kernels are fast (or exact: see int8_kernels.activation_range)
 ISA = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
@@ -209,7 +209,7 @@ def _name(shape: Shape, rows: Optional[int] = None) -> str:
 def time_route(shape: Shape, rows: int, route: str) -> float:
     """Median microseconds of one product by ``route``, with weights of ``shape`` read from memory."""
     kind, n_out, n_in, dtype = shape
-    # a projection on whisper's route multiplies a transposed contiguous copy (decoder.transposed_rows)
+    # a projection on whisper's route multiplies a transposed contiguous copy (projection.FloatProjection)
     transposed = kind == "projection" and route == WHISPER_ROUTE
     weights = _streamed(n_out, n_in, getattr(torch, dtype), transposed)
     copies = len(weights)

@@ -11,9 +11,10 @@ from whisper.decoding import DecodingOptions
 import medusa_whisper
 from medusa_whisper import MedusaConfig, decode, weights
 from medusa_whisper.cli import main
-from medusa_whisper.compute import (ComputeTypeError, HalfLinear, Int8Embedding, Int8Linear, Int8Rows,
-                                    apply_compute_type, check_compute_type, cpu_has_bfloat16)
-from medusa_whisper.decoder import project, transposed_rows
+from medusa_whisper.compute import (ComputeTypeError, HalfLinear, Int8Linear, apply_compute_type, check_compute_type,
+                                    cpu_has_bfloat16)
+from medusa_whisper.decoder import project
+from medusa_whisper.projection import Int8Projection
 
 from helpers import random_model, randomize_heads, with_heads
 
@@ -44,25 +45,20 @@ def test_int8_linear_rows_are_independent_and_close(kernel):
     assert (together - exact).abs().max() / exact.abs().max() < 0.03
 
 
-@pytest.mark.parametrize("kernel", Int8Rows.KERNELS)
+@pytest.mark.parametrize("kernel", Int8Projection.KERNELS)
 def test_int8_projection_rows_are_independent_and_a_shortlist_projects_as_the_whole(kernel):
     torch.manual_seed(0)
-    owner, shortlist_owner = torch.nn.Module(), torch.nn.Module()
     weight = torch.randn(5000, 384) * 0.05
-    from medusa_whisper import compute
-
-    embedding = Int8Embedding.from_weight(weight)
-    embedding.kernel = kernel  # both, whichever this CPU would choose
-    compute._register_projection(weight, embedding)
-    full = transposed_rows(owner, weight, torch.float32)
+    full = Int8Projection.from_weight(weight)
+    full.kernel = kernel  # both, whichever this CPU would choose
     states = torch.randn(1, 6, 384)
-    logits = states @ full  # (1, 6, 5000)
+    logits = full(states)  # (1, 6, 5000)
     assert logits.shape == (1, 6, 5000)
     for i in range(6):
-        assert torch.equal(logits[:, i:i + 1], states[:, i:i + 1] @ full)
+        assert torch.equal(logits[:, i:i + 1], full(states[:, i:i + 1]))
     rows = torch.tensor([0, 7, 4999, 123])
-    short = transposed_rows(shortlist_owner, weight, torch.float32, lambda: rows, rows_key="four")
-    assert torch.equal(states @ short, logits[..., rows])
+    short = full.select(rows)
+    assert torch.equal(short(states), logits[..., rows])
     exact = states @ weight.T
     assert (logits - exact).abs().max() / exact.abs().max() < 0.03
     assert full.kernel == short.kernel == kernel
@@ -70,15 +66,15 @@ def test_int8_projection_rows_are_independent_and_a_shortlist_projects_as_the_wh
 
 def test_the_int8_projection_kernel_is_measured_once_per_machine_for_every_selection(monkeypatch, tmp_path):
     monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
-    embedding = Int8Embedding.from_weight(torch.randn(3000, 64))
-    chosen = embedding.projection_kernel()
-    assert chosen in Int8Rows.KERNELS
-    assert embedding.rows(torch.tensor([1, 2])).kernel == chosen
+    projection = Int8Projection.from_weight(torch.randn(3000, 64))
+    chosen = projection.choose_kernel()
+    assert chosen in Int8Projection.KERNELS
+    assert projection.select(torch.tensor([1, 2])).kernel == chosen
     saved = json.loads(next((tmp_path / "routes").glob("*.json")).read_text())["choices"]
     assert saved["int8 projection 3000x64"]["route"] == chosen
-    again = Int8Embedding.from_weight(torch.randn(3000, 64))
-    monkeypatch.setattr("medusa_whisper.compute.median_micros", lambda fn: pytest.fail("measured again"))
-    assert again.projection_kernel() == chosen
+    again = Int8Projection.from_weight(torch.randn(3000, 64))
+    monkeypatch.setattr("medusa_whisper.projection.median_micros", lambda fn: pytest.fail("measured again"))
+    assert again.choose_kernel() == chosen
 
 
 # --- lossless at every compute type, on real speech -----------------------------------------------

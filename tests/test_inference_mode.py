@@ -36,12 +36,18 @@ def test_load_and_transcribe_inside_the_context(context, name, reference):
         assert model.transcribe(str(JFK), fp16=False, word_timestamps=True)["text"] == reference
 
 
-def test_weights_overwritten_in_inference_mode_are_not_served_stale():
-    """Inference tensors have no version counter: an in-place change must still renew the cached copy."""
+@pytest.mark.parametrize("route", ["x@W.T", "W@x.T"])
+def test_weights_loaded_in_inference_mode_are_not_served_stale(monkeypatch, route):
+    """Inference tensors have no version counter: a state dict loaded into the model (copy_, in place,
+    same storage) must still renew the projection's prepared copies, on either route."""
+    from medusa_whisper import projection
+
+    monkeypatch.setattr(projection, "route_for", lambda kind, weight, n: route)
     with torch.inference_mode():
         model = medusa_whisper.load_model("tiny.en", device="cpu")
         states = torch.randn(1, 3, model.dims.n_text_state)
         before = project(model.decoder, states)
-        model.decoder.token_embedding.weight.mul_(2.0)  # as load_state_dict's copy_ would, same storage
+        doubled = {k: 2.0 * v if k == "decoder.token_embedding.weight" else v for k, v in model.state_dict().items()}
+        model.load_state_dict(doubled)
         after = project(model.decoder, states)
     torch.testing.assert_close(after, 2.0 * before)

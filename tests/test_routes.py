@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medusa_whisper import decoder, routes
+from medusa_whisper import decoder, projection, routes
 from medusa_whisper.routes import ROUNDS, ROW_COUNTS, ROUTES, WEIGHT_FIRST, WHISPER_ROUTE, RouteTable
 
 
@@ -98,8 +98,10 @@ def test_either_route_gives_whispers_values(monkeypatch, route, rows):
     layer = nn.Linear(48, 80)
     x = torch.randn(1, rows, 48)
     torch.testing.assert_close(decoder.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
-    owner, embedding = nn.Module(), torch.randn(120, 48)
-    torch.testing.assert_close(decoder.rows_logits(owner, embedding, x), x @ embedding.T, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(projection, "route_for", lambda kind, weight, n: route)
+    embedding = nn.Embedding(120, 48)
+    vocabulary = projection.FloatProjection(embedding)
+    weight = embedding.weight.detach()
+    torch.testing.assert_close(vocabulary(x), x @ weight.T, rtol=1e-5, atol=1e-5)
     some = torch.tensor([3, 7, 50, 119])
-    torch.testing.assert_close(decoder.rows_logits(owner, embedding, x, lambda: some, rows_key="four"),
-                               F.linear(x, embedding[some]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(vocabulary.select(some)(x), F.linear(x, weight[some]), rtol=1e-5, atol=1e-5)

@@ -27,7 +27,6 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import medusa_whisper  # noqa: E402
-from medusa_whisper.compute import projection_source  # noqa: E402
 from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project  # noqa: E402
 from medusa_whisper.routes import isa_features, machine_id  # noqa: E402
 
@@ -77,8 +76,8 @@ def pass_bytes(model: nn.Module, cache, rows: int) -> Dict[str, int]:
             weights += list(_own(part))
     weights += list(_own(decoder.ln))
     embedding = decoder.token_embedding.weight
-    source = projection_source(embedding)
-    projection = _tensor_bytes(_own(source)) if source is not None else _tensor_bytes([embedding])
+    own = list(_own(decoder.token_projection)) if hasattr(decoder, "token_projection") else []
+    projection = _tensor_bytes(own) if own else _tensor_bytes([embedding])  # a float projection reads the embedding
     cross = _tensor_bytes(list(cache.cross_attn.keys) + list(cache.cross_attn.values))
     self_kv = cache.self_attn
     slots = self_kv.capacity if self_kv.n_head is not None else CONTEXT + rows  # fixed-shape attention reads all

@@ -26,8 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from whisper.model import ModelDimensions, ResidualAttentionBlock
 
-from ..decoder import block_caches, block_forward, rows_logits, self_attention_mask
+from ..decoder import block_caches, block_forward, self_attention_mask
+from ..int8_kernels import Prepared
 from ..masks import chain_mask
+from ..projection import of as projection_of
 from .base import Committed, Proposer
 from .draft_head import DraftHead
 from .tree import CandidateTree, top_nodes
@@ -58,8 +60,18 @@ class EagleHead(DraftHead):
             self.fuse.bias.zero_()
         self.block = ResidualAttentionBlock(d, config.n_head, cross_attention=True)
         self.ln = nn.LayerNorm(d)
-        # the proposal vocabulary: token ids, most frequent first (set by training)
+        # the proposal vocabulary: token ids, most frequent first (set by training: set_shortlist)
         self.register_buffer("token_ids", torch.arange(config.shortlist, dtype=torch.long))
+        self.prepared = Prepared()  # the decoder's projection onto the shortlist (shortlist_logits)
+
+    def set_shortlist(self, token_ids: Tensor) -> None:
+        with torch.no_grad():
+            self.token_ids.copy_(token_ids)
+        self.prepared.clear()
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self.prepared.clear()  # a new shortlist may come with the state
+        super()._load_from_state_dict(*args, **kwargs)
 
     def config_dict(self) -> dict:
         return dict(n_state=self.config.n_state, n_head=self.config.n_head, n_ctx=self.config.n_ctx,
@@ -81,14 +93,15 @@ class EagleHead(DraftHead):
         return self.fuse(torch.cat([features, embedded.to(features.dtype)], dim=-1))
 
     def shortlist_logits(self, states: Tensor, decoder) -> Tensor:
-        """Logits over the shortlist (column j is token ``token_ids[j]``), through the projections' one
-        route (``rows_logits``).
+        """Logits over the shortlist (column j is token ``token_ids[j]``), by the decoder's projection
+        (its compute type's kernel) selected once.
 
         states : shape = (..., n_state) -> (..., shortlist)
         """
-        weight = decoder.token_embedding.weight
-        return rows_logits(self, weight, states, lambda: self.token_ids.to(weight.device),
-                           rows_key=("eagle", int(self.token_ids.sum())))
+        vocabulary = projection_of(decoder)
+        shortlist = self.prepared.get("shortlist", lambda: vocabulary.select(self.token_ids), vocabulary,
+                                      self.token_ids)
+        return shortlist(states)
 
     def proposer(self, model, audio_features: Tensor, options) -> "EagleProposer":
         depth = options.draft_tokens

@@ -15,9 +15,10 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..decoder import block_caches, block_forward, rows_logits, self_attention_mask
-from ..masks import chain_mask
+from ..decoder import block_caches, block_forward, self_attention_mask
 from ..heads import MedusaHeads
+from ..masks import chain_mask
+from ..projection import of as projection_of
 from .base import Committed, Proposer
 from .tree import CandidateTree, best_first
 
@@ -50,10 +51,8 @@ class MedusaProposer(Proposer):
         if self.head_input is None or self.num_heads == 0:
             return CandidateTree()
         states = self.heads.head_states(self.head_input, self.num_heads)  # (1, K, n_state)
-        embedding = self.decoder.token_embedding.weight
-        # == heads.proposal_logits(states, embedding), through the projections' one route (rows_logits)
-        logits = rows_logits(self.heads, embedding, states, lambda: self.heads.proposal_token_ids(embedding.device),
-                             rows_key=self.heads.proposal_size)[0]  # (K, proposal_size)
+        # == heads.proposal_logits(states, embedding), by the decoder's projection (its compute type's kernel)
+        logits = self.heads.proposal_projection(projection_of(self.decoder))(states)[0]  # (K, proposal_size)
         if self.width == 1:
             return CandidateTree.chain(self.heads.proposal_ids(logits.argmax(dim=-1)).tolist())
         logprobs, columns = F.log_softmax(logits.float(), dim=-1).topk(self.width, dim=-1)  # (K, width)

@@ -248,7 +248,7 @@ def new_head(model, train: Shard, cfg: EagleTrainConfig) -> EagleHead:
     head = EagleHead(EagleConfig(dims.n_text_state, dims.n_text_head, dims.n_text_ctx,
                                  min(cfg.shortlist, dims.n_vocab)))
     head.init_from(model.decoder)
-    head.token_ids.copy_(choose_shortlist(token_frequencies(train, dims.n_vocab), head.config.shortlist))
+    head.set_shortlist(choose_shortlist(token_frequencies(train, dims.n_vocab), head.config.shortlist))
     return head
 
 

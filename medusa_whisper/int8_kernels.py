@@ -1,0 +1,102 @@
+"""Int8 arithmetic shared by the int8 linears (compute.py) and the int8 vocabulary projection
+(projection.py), and ``Prepared``: the forms of a module's weights that a kernel wants, kept on the
+module itself.
+
+No model and no options here: tensors in, tensors out.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Dict, Hashable, Tuple
+
+import torch
+from torch import Tensor
+
+
+class Prepared:
+    """Forms of one module's weights made for a kernel (oneDNN's prepacked weights, a dequantised or
+    transposed copy), made on first use and kept on the module, not in a registry of the package.
+
+    Each form is remembered with the tensors it was made from and made again when one of them is no
+    longer the same object (a state dict loaded with ``assign=True`` puts new tensors in). A module
+    that holds one clears it when a state dict is loaded into it in place (``_load_from_state_dict``).
+    Never saved and never copied: a copied module makes its own forms (oneDNN's prepacked tensors
+    cannot be deep-copied).
+    """
+
+    def __init__(self):
+        self._forms: Dict[Hashable, Tuple[Tuple[object, ...], object]] = {}
+
+    def get(self, key: Hashable, make: Callable[[], object], *sources: object):
+        """The form ``key``, made by ``make()`` unless it was made from these very ``sources``."""
+        held = self._forms.get(key)
+        if held is not None and len(held[0]) == len(sources) and all(a is b for a, b in zip(held[0], sources)):
+            return held[1]
+        form = make()
+        self._forms[key] = (sources, form)
+        return form
+
+    def clear(self) -> None:
+        self._forms.clear()
+
+    def __deepcopy__(self, memo) -> "Prepared":
+        return Prepared()
+
+    def __reduce__(self):
+        return (Prepared, ())
+
+
+def quantize_rows(weight: Tensor) -> Tuple[Tensor, Tensor]:
+    """Symmetric int8 quantisation with one scale per row (per output channel).
+
+    weight  : shape = (n_out, n_in), floating point
+    returns : int8 of shape (n_out, n_in) and float32 scales of shape (n_out,), weight ~ q * scale[:, None]
+    """
+    w = weight.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def prepack(qweight: Tensor) -> Tensor:
+    """oneDNN's prepacked form of int8 weights, for ``rowwise_int8_matmul``."""
+    return torch.ops.onednn.qlinear_prepack(qweight, None)
+
+
+def rowwise_int8_matmul(x: Tensor, packed: Tensor, scale: Tensor, zero_points: Tensor) -> Tensor:
+    """x @ (qweight * scale[:, None]).T with x quantised to int8 row by row, in exact integer arithmetic.
+
+    x           : shape = (M, n_in) float32 -> (M, n_out) float32
+    packed      : ``prepack(qweight)``
+    zero_points : zeros of shape (n_out,), long (the weights' zero points, made once by the caller)
+
+    Each row is scaled to the kernel's exact range by its own maximum, so a row's result is the same
+    whichever rows it is computed with.
+    """
+    levels, zero_point = activation_range()
+    row_scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30) / levels
+    # oneDNN's u8s8 path: activations as uint8 around a zero point
+    q = torch.round(x / row_scale).add_(zero_point).to(torch.uint8)
+    y = torch.ops.onednn.qlinear_pointwise(q, 1.0, zero_point, packed, scale, zero_points, None,
+                                           1.0, 0, torch.float32, "none", [], "")
+    return y.mul_(row_scale)
+
+
+@functools.lru_cache(maxsize=1)
+def activation_range() -> Tuple[int, int]:
+    """(levels, zero point) of the uint8 activations ``rowwise_int8_matmul`` gives oneDNN.
+
+    With VNNI (or AMX) oneDNN's u8s8 products sum exactly, and activations use the full 8 bits
+    (-127..127 around 128). Without it (AVX2 only), the kernel adds pairs of u8 x s8 products in
+    saturating 16-bit arithmetic (vpmaddubsw), so 8-bit activations overflow (measured on an AVX2
+    EPYC: 14 % relative error); 7 bits (-63..63 around 64) cannot (2 x 127 x 127 < 32,767), as in
+    PyTorch's own ``reduce_range`` for x86. Which one holds is measured here, on a worst case."""
+    n_in = 64
+    weight = torch.full((8, n_in), 127, dtype=torch.int8)
+    packed = torch.ops.onednn.qlinear_prepack(weight, None)
+    q = torch.full((1, n_in), 255, dtype=torch.uint8)  # largest activation, all of one sign
+    y = torch.ops.onednn.qlinear_pointwise(q, 1.0, 0, packed, torch.ones(8), torch.zeros(8, dtype=torch.long), None,
+                                           1.0, 0, torch.float32, "none", [], "")
+    exact = float(255 * 127 * n_in)
+    return (127, 128) if bool((y == exact).all()) else (63, 64)

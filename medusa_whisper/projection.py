@@ -1,0 +1,189 @@
+"""The vocabulary projection: logits of decoder states over the rows of the tied token embedding.
+
+The decoder owns one (``decoder.token_projection``), built once for the model's compute type:
+``FloatProjection`` for float models (it reads the embedding itself), ``Int8Projection`` and
+``HalfProjection`` for converted ones (compute.py builds them at load, with their own copy of the
+embedding in int8 or bfloat16). Every projection onto some of those rows (the Medusa heads'
+proposal vocabulary, a draft head's shortlist) is ``projection.select(ids)``: the same kernel, so a
+selected row's logits are the whole vocabulary's column for that token at int8 and bfloat16. Whoever
+selects keeps the selection (the heads do, in their ``Prepared`` forms); nothing is kept in a
+registry of the package.
+
+Differs from whisper (``x @ token_embedding.weight.T``): see ``FloatProjection`` for the route.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .int8_kernels import Prepared, prepack, quantize_rows, rowwise_int8_matmul
+from .routes import WEIGHT_FIRST, median_micros, route_for, table as routes_table, weight_times_rows
+
+
+class Projection(nn.Module):
+    """states (..., n_state) -> logits (..., n_rows) over rows of the token embedding."""
+
+    def __init__(self):
+        super().__init__()
+        self.prepared = Prepared()
+
+    def select(self, ids: Tensor) -> "Projection":
+        """The projection onto rows ``ids`` (column j is row ``ids[j]``), by the same kernel."""
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Make the kernel's forms now (prepacking), not in the first decoder step."""
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self.prepared.clear()  # the weights are being replaced: forms made from them are stale
+        super()._load_from_state_dict(*args, **kwargs)
+
+
+def of(decoder: nn.Module) -> Projection:
+    """The decoder's projection; a float decoder that has none (whisper's own model) gets one now."""
+    projection = getattr(decoder, "token_projection", None)
+    if projection is None:
+        projection = FloatProjection(decoder.token_embedding)
+        decoder.add_module("token_projection", projection)
+    return projection
+
+
+class FloatProjection(Projection):
+    """Float32 embedding rows, read from the decoder's embedding (no copy of the whole vocabulary).
+
+    On a CPU the product goes the route ``routes.route_for`` measured fastest here for this number of
+    rows: ``weight_times_rows`` over the rows as stored, or ``x @ W.T`` against a contiguous
+    transposed copy, made at first use: a few rows against the transposed view of the (n_vocab,
+    n_state) embedding are about twice as slow as against such a copy, and the projection is most of
+    a small model's decoder step. On CUDA the view is as fast: no copy.
+    """
+
+    def __init__(self, embedding: nn.Embedding, ids: Optional[Tensor] = None):
+        super().__init__()
+        # the decoder's embedding module, not a submodule: its weight stays the decoder's, once in the state dict
+        object.__setattr__(self, "embedding", embedding)
+        self.ids = ids
+
+    def select(self, ids: Tensor) -> "FloatProjection":
+        ids = ids.to(self.embedding.weight.device)
+        return FloatProjection(self.embedding, ids if self.ids is None else self.ids[ids])
+
+    def _rows(self, weight: Tensor) -> Tensor:
+        if self.ids is None:
+            return weight
+        return self.prepared.get("rows", lambda: weight.detach()[self.ids].contiguous(), weight)
+
+    def forward(self, states: Tensor) -> Tensor:
+        weight = self.embedding.weight
+        if weight.device.type != "cpu" or states.dtype != weight.dtype:
+            rows = weight if self.ids is None else weight[self.ids]
+            return states @ rows.to(states.dtype).T
+        rows = self._rows(weight)
+        flat = states.reshape(-1, states.shape[-1])
+        if route_for("projection", rows, flat.shape[0]) == WEIGHT_FIRST:
+            return weight_times_rows(rows, None, flat).reshape(*states.shape[:-1], rows.shape[0])
+        transposed = self.prepared.get("transposed", lambda: rows.detach().T.contiguous(), rows)
+        return states @ transposed
+
+
+class Int8Projection(Projection):
+    """The embedding's rows in int8, one scale per row (int8 compute types); float32 logits.
+
+    Either kernel computes each row on its own, so verifying several rows at once gives each the
+    logits it gets alone: "rowwise" quantises the activations per row (oneDNN's u8s8 product),
+    "weight_only" multiplies bfloat16 activations by the int8 rows (``torch._weight_int8pack_mm``).
+    Which is faster differs by 4x either way between CPUs, so it is measured (``choose_kernel``).
+    """
+
+    KERNELS = ("rowwise", "weight_only")
+
+    def __init__(self, n_vocab: int, n_state: int, kernel: Optional[str] = None):
+        super().__init__()
+        self.register_buffer("qweight", torch.zeros(n_vocab, n_state, dtype=torch.int8))
+        self.register_buffer("scale", torch.ones(n_vocab))
+        # one kernel for the vocabulary and every selection of it, so that a shortlist's logits are the
+        # full vocabulary's; None until measured
+        self.kernel = kernel
+
+    @classmethod
+    def from_weight(cls, weight: Tensor) -> "Int8Projection":
+        module = cls(*weight.shape)
+        module.qweight, module.scale = quantize_rows(weight)
+        return module
+
+    def select(self, ids: Tensor) -> "Int8Projection":
+        ids = ids.to(self.qweight.device)
+        selected = Int8Projection(len(ids), self.qweight.shape[1], self.choose_kernel())
+        selected.qweight, selected.scale = self.qweight[ids].contiguous(), self.scale[ids].contiguous()
+        return selected
+
+    def choose_kernel(self) -> str:
+        """The faster kernel on this CPU for this vocabulary, timed at 1 and 8 rows once per machine
+        (routes.py). oneDNN's u8s8 product is the faster on CPUs with VNNI, and 4x slower than
+        ``_weight_int8pack_mm`` on an AVX2 EPYC (17.2 against 4.2 ms for base's 51,865 rows)."""
+        if self.kernel is None:
+            if self.qweight.device.type != "cpu":
+                self.kernel = "weight_only"
+            else:
+                n_vocab, n_state = self.qweight.shape
+
+                def timer(kernel: str):
+                    trial = Int8Projection(n_vocab, n_state, kernel)
+                    trial.qweight, trial.scale = self.qweight, self.scale
+                    one, eight = torch.randn(1, n_state), torch.randn(8, n_state)
+                    return lambda: median_micros(lambda: trial(one)) + median_micros(lambda: trial(eight))
+                self.kernel = routes_table().choose_kernel(
+                    f"int8 projection {n_vocab}x{n_state}", {k: timer(k) for k in self.KERNELS})
+        return self.kernel
+
+    def prepare(self) -> None:
+        if self.choose_kernel() == "rowwise":
+            self._packed()
+
+    def _packed(self) -> Tensor:
+        return self.prepared.get("packed", lambda: prepack(self.qweight), self.qweight)
+
+    def forward(self, states: Tensor) -> Tensor:
+        shape = states.shape
+        rows = states.reshape(-1, shape[-1])
+        if self.choose_kernel() == "weight_only":
+            # the scale is applied in float32 afterwards, as in Int8Linear
+            unit = self.prepared.get("unit", lambda: torch.ones(self.qweight.shape[0], dtype=torch.bfloat16,
+                                                                device=self.qweight.device), self.qweight)
+            y = torch._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.qweight, unit)
+            y = y.float().mul_(self.scale)
+        else:
+            zeros = self.prepared.get("zero points", lambda: torch.zeros(self.qweight.shape[0], dtype=torch.long),
+                                      self.qweight)
+            y = rowwise_int8_matmul(rows.float(), self._packed(), self.scale, zeros)
+        return y.reshape(*shape[:-1], self.qweight.shape[0])
+
+
+class HalfProjection(Projection):
+    """The embedding's rows in bfloat16 (or float16); float32 logits."""
+
+    def __init__(self, n_vocab: int, n_state: int, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.register_buffer("weight", torch.zeros(n_vocab, n_state, dtype=dtype))
+
+    @classmethod
+    def from_weight(cls, weight: Tensor, dtype: torch.dtype) -> "HalfProjection":
+        module = cls(*weight.shape, dtype=dtype)
+        module.weight = weight.detach().to(dtype).clone()
+        return module
+
+    def select(self, ids: Tensor) -> "HalfProjection":
+        ids = ids.to(self.weight.device)
+        selected = HalfProjection(len(ids), self.weight.shape[1], self.weight.dtype)
+        selected.weight = self.weight[ids].contiguous()
+        return selected
+
+    def forward(self, states: Tensor) -> Tensor:
+        matrix = self.prepared.get("transposed", lambda: self.weight.T.contiguous(), self.weight)  # see FloatProjection
+        # one row at a time, for the reason given at compute.HalfLinear.rows_alone
+        rows = states.reshape(-1, states.shape[-1]).to(matrix.dtype)
+        logits = torch.cat([rows[i:i + 1] @ matrix for i in range(rows.shape[0])]).float()
+        return logits.reshape(*states.shape[:-1], matrix.shape[1])
