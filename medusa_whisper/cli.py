@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from .decoding import MODES
+from .decoding import MODES, SPECULATIVE_DEFAULTS, MedusaDecodingOptions, as_medusa_options, speculative_options
 from .errors import MedusaWhisperError
 from .outputs import OUTPUT_FORMATS, WRITER_OPTIONS, formats, output_record  # noqa: F401 (output_record: API)
 
@@ -159,15 +159,17 @@ def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft", default=None, metavar="NAME|PATH",
                        help="a small Whisper that proposes tokens for the main model to verify (instead of "
                             "Medusa heads); its tokenizer may differ (e.g. tiny.en for base)")
-    group.add_argument("--draft-tokens", type=_positive_int, default=5, metavar="K",
-                       help="draft tokens per step, at most (default: 5)")
+    group.add_argument("--draft-tokens", type=_positive_int, default=SPECULATIVE_DEFAULTS["draft_tokens"], metavar="K",
+                       help="draft tokens per step, at most (default: %(default)s)")
     group.add_argument("--adaptive-lookahead", action="store_true",
                        help="grow K after well-accepted steps and shrink it after poor ones, up to --draft-tokens")
-    group.add_argument("--tree-width", type=_positive_int, default=1, metavar="W",
-                       help="candidate trees: each drafted position offers its W best tokens (default 1: a chain)")
-    group.add_argument("--tree-nodes", type=_positive_int, default=None, metavar="N",
+    group.add_argument("--tree-width", type=_positive_int, default=SPECULATIVE_DEFAULTS["tree_width"], metavar="W",
+                       help="candidate trees: each drafted position offers its W best tokens (default %(default)s; "
+                            "1: a chain)")
+    group.add_argument("--tree-nodes", type=_positive_int, default=SPECULATIVE_DEFAULTS["tree_nodes"], metavar="N",
                        help="candidates verified per decoder pass in a tree, at most (default: the proposer's)")
-    group.add_argument("--lossy-ctc-entropy", type=float, default=None, metavar="NATS",
+    group.add_argument("--lossy-ctc-entropy", type=float, default=SPECULATIVE_DEFAULTS["lossy_ctc_entropy"],
+                       metavar="NATS",
                        help="LOSSY (a <base>-ctc model only): accept drafted words whose CTC frames all have an "
                             "entropy below NATS without verification; the text may then differ from greedy "
                             "decoding (default: off, every token is verified)")
@@ -199,7 +201,7 @@ def _add_transcribe_parser(commands) -> None:
     _option(t, "--model-dir", default=None, metavar="DIR",
             help="folder of openai-whisper checkpoints (tiny.en.pt, ...): used when there, downloaded into; "
                  "default: whisper's own, ~/.cache/whisper")
-    t.add_argument("--mode", choices=MODES, default="lossless",
+    t.add_argument("--mode", choices=MODES, default=SPECULATIVE_DEFAULTS["mode"],
                    help="lossless: same text as greedy decoding; typical: accept plausible "
                         "candidates too; off: no Medusa heads (default: lossless)")
     t.add_argument("--language", type=_language_or_none, default=None, metavar="LANG",
@@ -228,7 +230,8 @@ def _add_transcribe_parser(commands) -> None:
     _option(t, "--vad-filter", action="store_true",
             help="leave out silences of 2 s or more (Silero VAD; pip install 'medusa-whisper[vad]') and transcribe the "
                  "rest window after window as whisper does, times on the recording's clock (faster-whisper's vad_filter)")
-    _option(t, "--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
+    _option(t, "--num-heads", type=_positive_int, default=SPECULATIVE_DEFAULTS["num_heads"], metavar="K",
+            help="use the first K heads")
     _add_draft_arguments(t)
     _add_compute_type_arguments(t)
 
@@ -321,8 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "normaliser, tokens per decoder step, times.")
     e.add_argument("--data", type=Path, required=True, metavar="CSV")
     e.add_argument("--model", default=None, metavar="NAME|PATH", help="default: medusa_whisper.DEFAULT_MODEL")
-    e.add_argument("--mode", choices=MODES, default="lossless")
-    e.add_argument("--num-heads", type=_positive_int, default=None, metavar="K", help="use the first K heads")
+    e.add_argument("--mode", choices=MODES, default=SPECULATIVE_DEFAULTS["mode"])
+    e.add_argument("--num-heads", type=_positive_int, default=SPECULATIVE_DEFAULTS["num_heads"], metavar="K",
+                   help="use the first K heads")
     _add_draft_arguments(e)
     _add_compute_type_arguments(e)
     e.add_argument("--compare-vanilla", action="store_true",
@@ -623,9 +627,7 @@ def transcribe_options(args: argparse.Namespace, for_workers: bool = False) -> d
     else:
         temperature = (args.temperature,)
     verbose = args.verbose if args.verbose in (True, False) and not for_workers else None
-    return dict(mode=args.mode, num_heads=args.num_heads, draft_tokens=args.draft_tokens,
-                adaptive_lookahead=args.adaptive_lookahead, tree_width=args.tree_width, tree_nodes=args.tree_nodes,
-                lossy_ctc_entropy=args.lossy_ctc_entropy,
+    return dict(**speculative_options(args),
                 language=args.language, task=args.task,
                 temperature=temperature, compression_ratio_threshold=args.compression_ratio_threshold,
                 logprob_threshold=args.logprob_threshold, no_speech_threshold=args.no_speech_threshold,
@@ -676,10 +678,8 @@ def _eval(args: argparse.Namespace) -> int:
         return 1
     name = args.model or medusa_whisper.DEFAULT_MODEL
     model = medusa_whisper.load_model(name, device=args.device, draft=args.draft, **_compute_types(args))
-    options = evaluation.EvalOptions(mode=args.mode, num_heads=args.num_heads, compare_vanilla=args.compare_vanilla,
-                                     draft_tokens=args.draft_tokens, adaptive_lookahead=args.adaptive_lookahead,
-                                     tree_width=args.tree_width, tree_nodes=args.tree_nodes,
-                                     lossy_ctc_entropy=args.lossy_ctc_entropy)
+    options = evaluation.EvalOptions(as_medusa_options(MedusaDecodingOptions(**speculative_options(args))),
+                                     compare_vanilla=args.compare_vanilla)
     report = evaluation.evaluate(model, rows, options, on_problem=_error, progress=sys.stderr.isatty())
     report.problems[:0] = problems
     report.summary["skipped"] = len(report.problems)

@@ -61,6 +61,18 @@ class MedusaDecodingOptions(DecodingOptions):
     lossy_ctc_entropy: Optional[float] = None
 
 
+# the fields that choose and shape speculation, which the command line and eval take as arguments
+# (their defaults come from here: this class is where they are declared)
+SPECULATIVE_OPTIONS = ("mode", "num_heads", "draft_tokens", "adaptive_lookahead", "tree_width", "tree_nodes",
+                       "lossy_ctc_entropy")
+SPECULATIVE_DEFAULTS = {f.name: f.default for f in fields(MedusaDecodingOptions) if f.name in SPECULATIVE_OPTIONS}
+
+
+def speculative_options(source) -> dict:
+    """The speculative fields of ``source`` (options, parsed arguments: anything with those attributes)."""
+    return {name: getattr(source, name) for name in SPECULATIVE_OPTIONS}
+
+
 @dataclass(frozen=True)
 class MedusaDecodingResult(DecodingResult):
     # decoder forward passes for this audio (language detection excluded, as it is for vanilla)

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from whisper.normalizers import BasicTextNormalizer, EnglishTextNormalizer
 
 from .audio import SAMPLE_RATE, load_audio
-from .decoding import MedusaDecodingOptions
+from .decoding import MedusaDecodingOptions, speculative_options
 from .decoding import decode as medusa_decode
 from .errors import MedusaWhisperError
 
@@ -156,20 +156,17 @@ def corpus_scores(references: Sequence[str], hypotheses: Sequence[str]) -> Dict[
 
 @dataclass
 class EvalOptions:
-    mode: str = "lossless"
-    num_heads: Optional[int] = None
+    # the speculative fields (decoding.SPECULATIVE_OPTIONS) are read from here; the row sets the rest
+    decoding: MedusaDecodingOptions = field(default_factory=MedusaDecodingOptions)
     compare_vanilla: bool = False
-    draft_tokens: int = 5
-    adaptive_lookahead: bool = False
-    tree_width: int = 1
-    tree_nodes: Optional[int] = None
-    lossy_ctc_entropy: Optional[float] = None  # LOSSY with a CTC draft head (see MedusaDecodingOptions)
+
+    @property
+    def mode(self) -> str:
+        return self.decoding.mode
 
     def decode_options(self) -> dict:
         """What every decoding of ours gets, beside the row's own options."""
-        return dict(mode=self.mode, num_heads=self.num_heads, draft_tokens=self.draft_tokens,
-                    adaptive_lookahead=self.adaptive_lookahead, tree_width=self.tree_width, tree_nodes=self.tree_nodes,
-                    lossy_ctc_entropy=self.lossy_ctc_entropy)
+        return speculative_options(self.decoding)
 
 
 @dataclass

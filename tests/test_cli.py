@@ -282,3 +282,17 @@ def test_draft_options_reach_the_model_and_transcribe(fake_model, capsys):
                                       "--adaptive-lookahead"])
     options = transcribe_options(args)
     assert options["draft_tokens"] == 7 and options["adaptive_lookahead"] is True
+
+
+def test_the_speculative_arguments_are_the_options_fields_with_their_defaults():
+    """cli and eval read the speculative options from MedusaDecodingOptions, declared once there."""
+    from medusa_whisper.cli import build_parser, transcribe_options
+    from medusa_whisper.decoding import SPECULATIVE_OPTIONS, MedusaDecodingOptions, speculative_options
+
+    defaults = speculative_options(MedusaDecodingOptions())
+    parser = build_parser()
+    for command in (["transcribe", "x.wav"], ["eval", "--data", "x.csv"]):
+        assert speculative_options(parser.parse_args(command)) == defaults, command
+    args = parser.parse_args(["transcribe", "x.wav", "--mode", "typical", "--tree-width", "3", "--draft-tokens", "7"])
+    assert {k: v for k, v in transcribe_options(args).items() if k in SPECULATIVE_OPTIONS} == dict(
+        defaults, mode="typical", tree_width=3, draft_tokens=7)
