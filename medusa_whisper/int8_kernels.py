@@ -18,8 +18,9 @@ class Prepared:
     """Forms of one module's weights made for a kernel (oneDNN's prepacked weights, a dequantised or
     transposed copy), made on first use and kept on the module, not in a registry of the package.
 
-    Each form is remembered with the tensors it was made from and made again when one of them is no
-    longer the same object (a state dict loaded with ``assign=True`` puts new tensors in). A module
+    Each form is remembered with what it was made from and made again when that changed: tensors and
+    modules by identity (a state dict loaded with ``assign=True`` puts new tensors in), numbers and
+    strings by value (a parameter's ``data_ptr()``, which ``module.to`` changes in place). A module
     that holds one clears it when a state dict is loaded into it in place (``_load_from_state_dict``).
     Never saved and never copied: a copied module makes its own forms (oneDNN's prepacked tensors
     cannot be deep-copied).
@@ -31,7 +32,7 @@ class Prepared:
     def get(self, key: Hashable, make: Callable[[], object], *sources: object):
         """The form ``key``, made by ``make()`` unless it was made from these very ``sources``."""
         held = self._forms.get(key)
-        if held is not None and len(held[0]) == len(sources) and all(a is b for a, b in zip(held[0], sources)):
+        if held is not None and len(held[0]) == len(sources) and all(map(_same, held[0], sources)):
             return held[1]
         form = make()
         self._forms[key] = (sources, form)
@@ -45,6 +46,12 @@ class Prepared:
 
     def __reduce__(self):
         return (Prepared, ())
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, (int, float, str)) and type(a) is type(b):
+        return a == b
+    return a is b
 
 
 def quantize_rows(weight: Tensor) -> Tuple[Tensor, Tensor]:

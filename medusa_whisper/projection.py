@@ -74,7 +74,8 @@ class FloatProjection(Projection):
     def _rows(self, weight: Tensor) -> Tensor:
         if self.ids is None:
             return weight
-        return self.prepared.get("rows", lambda: weight.detach()[self.ids].contiguous(), weight)
+        # the weight is the decoder's parameter: module.to() moves its data in place, hence data_ptr
+        return self.prepared.get("rows", lambda: weight.detach()[self.ids].contiguous(), weight, weight.data_ptr())
 
     def forward(self, states: Tensor) -> Tensor:
         weight = self.embedding.weight
@@ -85,7 +86,7 @@ class FloatProjection(Projection):
         flat = states.reshape(-1, states.shape[-1])
         if route_for("projection", rows, flat.shape[0]) == WEIGHT_FIRST:
             return weight_times_rows(rows, None, flat).reshape(*states.shape[:-1], rows.shape[0])
-        transposed = self.prepared.get("transposed", lambda: rows.detach().T.contiguous(), rows)
+        transposed = self.prepared.get("transposed", lambda: rows.detach().T.contiguous(), rows, rows.data_ptr())
         return states @ transposed
 
 

@@ -269,3 +269,24 @@ def test_emulated_bfloat16_says_so_once_at_load(monkeypatch, caplog, native):
         apply_compute_type(random_model(MedusaConfig(num_heads=1)), "bfloat16")
     warned = [r for r in caplog.records if "no native bfloat16" in r.getMessage()]
     assert len(warned) == (0 if native else 1)
+
+
+def test_prepared_forms_are_remade_when_their_sources_change_and_not_copied():
+    import copy
+
+    from medusa_whisper.int8_kernels import Prepared
+
+    prepared, made = Prepared(), []
+
+    def make():
+        made.append(1)
+        return len(made)
+
+    weight = torch.ones(3)
+    assert prepared.get("form", make, weight, weight.data_ptr()) == 1
+    assert prepared.get("form", make, weight, weight.data_ptr()) == 1  # same sources: kept
+    assert prepared.get("form", make, torch.ones(3), weight.data_ptr()) == 2  # another tensor object
+    assert prepared.get("form", make, weight, weight.data_ptr() + 64) == 3  # moved data, same object
+    assert copy.deepcopy(prepared).get("form", make, weight, weight.data_ptr() + 64) == 4  # a copy has none
+    prepared.clear()
+    assert prepared.get("form", make, weight, weight.data_ptr() + 64) == 5
