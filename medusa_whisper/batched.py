@@ -28,7 +28,7 @@ from torch import Tensor
 from whisper.decoding import DecodingTask
 from whisper.model import Whisper
 
-from .decoder import DecoderCache, block_caches, decoder_hidden, decoder_rows_step, new_cache, project
+from .decoder import DecoderCache, block_caches, decoder_hidden, decoder_rows_step, new_cache, next_token_logits
 from .decoding import (MedusaDecodingOptions, MedusaDecodingResult, _Generation, as_medusa_options, verify,
                        window_filters, window_result)
 from .drafting.base import ProposerStats
@@ -100,12 +100,6 @@ class BatchDecoder:
         self.passes = 0  # batched decoder passes, for the statistics
         self.rows = 0  # streams advanced, summed over those passes
 
-    def _base_state(self, hidden: Tensor) -> Tensor:
-        """What the vocabulary projection reads: the decoder's state, or what a Medusa model's heads
-        make of it (as ``decoding._generate`` projects)."""
-        heads = getattr(self.model, "medusa", None)
-        return heads.base_state(hidden) if heads is not None else hidden
-
     def _empty_cache(self) -> DecoderCache:
         decoder = self.model.decoder
         dims = self.model.dims
@@ -140,7 +134,7 @@ class BatchDecoder:
             tokens = torch.tensor([s.tokens[-1] if s is not None else 0 for s in rows], device=device)
             positions = torch.tensor([len(s.tokens) - 1 if s is not None else 0 for s in rows], device=device)
             hidden = decoder_rows_step(self.model.decoder, tokens, positions, view)
-            logits = project(self.model.decoder, self._base_state(hidden))  # (items, n_vocab)
+            logits = next_token_logits(self.model, hidden)  # (items, n_vocab)
             self.passes += 1
             self.rows += len(active)
             for offset, stream in enumerate(rows):
@@ -174,15 +168,14 @@ class BatchDecoder:
         limit = min(task.sample_begin + task.sample_len, task.n_ctx + 1)
         stream = _Stream(key, task, options, common, window_filters(task, options), tokens, limit, encode_seconds,
                          began)
-        base_state = self._base_state
         n = len(tokens)
         positions = torch.arange(n, device=model.device)
         hidden = decoder_hidden(model.decoder, initial.to(model.device), positions, mine, 0,
                                 chain_mask(0, n, model.device))
         if task.tokenizer.no_speech is not None:
-            sot_logits = project(model.decoder, base_state(hidden[:, task.sot_index]))
+            sot_logits = next_token_logits(model, hidden[:, task.sot_index])
             stream.no_speech_prob = float(sot_logits.softmax(dim=-1)[0, task.tokenizer.no_speech])
-        stream.take(project(model.decoder, base_state(hidden[0, n - 1:])))
+        stream.take(next_token_logits(model, hidden[0, n - 1:]))
         return stream
 
 

@@ -34,7 +34,7 @@ from torch import Tensor
 from whisper.decoding import BeamSearchDecoder, DecodingOptions, DecodingResult, DecodingTask, Inference
 from whisper.model import Whisper
 
-from .decoder import DecoderCache, decoder_hidden, new_cache, project
+from .decoder import DecoderCache, decoder_hidden, new_cache, next_token_logits
 from .masks import chain_mask
 
 
@@ -51,10 +51,6 @@ class StepInference(Inference):
         self.cache: Optional[DecoderCache] = None
         self.passes = 0
 
-    def _base_state(self, hidden: Tensor) -> Tensor:
-        heads = getattr(self.model, "medusa", None)
-        return heads.base_state(hidden) if heads is not None else hidden
-
     def _hidden(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
         """The decoder states of the tokens not yet in the cache: all of them on the first pass,
         the last one after."""
@@ -70,7 +66,7 @@ class StepInference(Inference):
 
     def logits(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
         """whisper's interface: logits at every new position (what ``next_logits`` avoids)."""
-        return project(self.model.decoder, self._base_state(self._hidden(tokens, audio_features)))
+        return next_token_logits(self.model, self._hidden(tokens, audio_features))
 
     def next_logits(self, tokens: Tensor, audio_features: Tensor, sot_index: Optional[int]
                     ) -> Tuple[Tensor, Optional[Tensor]]:
@@ -79,7 +75,7 @@ class StepInference(Inference):
         first = self.cache is None
         hidden = self._hidden(tokens, audio_features)
         wanted = [hidden.shape[1] - 1] if not first or sot_index is None else [sot_index, hidden.shape[1] - 1]
-        logits = project(self.model.decoder, self._base_state(hidden[:, wanted]))
+        logits = next_token_logits(self.model, hidden[:, wanted])
         return logits[:, -1], (logits[:, 0] if len(wanted) == 2 else None)
 
     def rearrange_kv_cache(self, source_indices) -> None:

@@ -281,3 +281,13 @@ def project(decoder: TextDecoder, states: Tensor) -> Tensor:
     states : shape = (..., n_state) -> (..., n_vocab)
     """
     return projection_of(decoder)(states).float()
+
+
+def next_token_logits(model: nn.Module, states: Tensor) -> Tensor:
+    """The next-token logits greedy decoding reads from decoder states: through a Medusa model's
+    base head first when it has one (``heads.base_state``), which whisper's own decoder would not apply.
+
+    states : shape = (..., n_state) -> (..., n_vocab)
+    """
+    heads = getattr(model, "medusa", None)
+    return project(model.decoder, heads.base_state(states) if heads is not None else states)

@@ -26,7 +26,7 @@ from whisper.model import Whisper
 from whisper.utils import compression_ratio
 
 from .candidates import decode_candidates
-from .decoder import decoder_hidden, new_cache, project
+from .decoder import decoder_hidden, new_cache, next_token_logits
 from .drafting.base import Committed, Proposer, ProposerStats
 from .drafting.medusa import MedusaProposer
 from .drafting.tree import CandidateTree
@@ -232,8 +232,6 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
     tells the proposer what was committed.
     """
     decoder = model.decoder
-    heads: Optional[MedusaHeads] = getattr(model, "medusa", None)
-    base_state = heads.base_state if heads is not None else (lambda h: h)
     cache = new_cache(decoder, audio_features)
     tokenizer = task.tokenizer
     device = audio_features.device
@@ -254,11 +252,11 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
         steps += 1
 
         if steps == 1 and tokenizer.no_speech is not None:
-            sot_logits = project(decoder, base_state(hidden[:, task.sot_index]))
+            sot_logits = next_token_logits(model, hidden[:, task.sot_index])
             no_speech_prob = float(sot_logits.softmax(dim=-1)[0, tokenizer.no_speech])
 
         last = len(pending) - 1  # row of the last accepted token
-        logits = project(decoder, base_state(hidden[0, last:]))  # (1 + len(tree), n_vocab)
+        logits = next_token_logits(model, hidden[0, last:])  # (1 + len(tree), n_vocab)
         # the verifier's own guess at every row, before filtering (beyond the accepted path too)
         predictions = logits.argmax(dim=-1).tolist() if proposer is not None else []
         verdict = verify(logits, tree, tokens, filters, options, tokenizer.eot, limit - len(tokens))
@@ -318,7 +316,6 @@ def _sync(device: torch.device) -> None:
 def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions, draft=None,
                 draft_mel: Optional[Tensor] = None) -> MedusaDecodingResult:
     task = DecodingTask(model, options)
-    tokenizer = task.tokenizer
 
     began = time.perf_counter()
     audio_features = task._get_audio_features(mel)  # (1, n_audio_ctx, n_audio_state)

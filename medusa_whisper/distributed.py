@@ -15,6 +15,7 @@ Ray stays optional: ``pip install medusa-whisper[ray]``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -105,20 +106,12 @@ class Transcriber:
         return os.getpid()
 
     def run(self, path: str, options: dict, output_formats: Sequence[str], writer_options: dict) -> WorkerResult:
-        from .audio import check_audio_path
-
         began = time.perf_counter()
         result = WorkerResult(path, pid=os.getpid())
         try:
-            if is_url(path):
-                with _local_copy(path) as local:
-                    transcript = self.model.transcribe(local, **options)
-            else:
-                check_audio_path(path)
-                transcript = self.model.transcribe(path, **options)
-            result.contents = {fmt: render(transcript, path, fmt, writer_options) for fmt in output_formats}
-            result.text = transcript["text"]
-            result.audio_seconds = float(transcript["medusa"].get("audio_seconds", 0.0))
+            with contextlib.ExitStack() as copies:
+                _fill(result, self.model.transcribe(_readable(path, copies), **options), output_formats,
+                      writer_options)
         except MedusaWhisperError as e:
             result.error = str(e)
         result.seconds = time.perf_counter() - began
@@ -128,9 +121,6 @@ class Transcriber:
                  batch_size: int) -> List[WorkerResult]:
         """Several files with their windows side by side (``transcribe_many``); one result per path, in
         order. ``seconds``: from the start of the group to that file's end."""
-        import contextlib
-
-        from .audio import check_audio_path
         from .transcribe import transcribe_many
 
         began = time.perf_counter()
@@ -140,31 +130,41 @@ class Transcriber:
             local: List[str] = []
             for index, path in enumerate(paths):
                 try:
-                    if is_url(path):
-                        local.append(copies.enter_context(_local_copy(path)))
-                    else:
-                        check_audio_path(path)
-                        local.append(path)
+                    local.append(_readable(path, copies))
                     readable.append(index)
                 except MedusaWhisperError as e:
                     results[index].error = str(e)
 
             def done(position: int, transcript: Optional[dict], error: Optional[Exception]) -> None:
                 result = results[readable[position]]
-                if error is not None:
-                    result.error = str(error)
-                else:
-                    try:
-                        result.contents = {fmt: render(transcript, result.path, fmt, writer_options)
-                                           for fmt in output_formats}
-                        result.text = transcript["text"]
-                        result.audio_seconds = float(transcript["medusa"].get("audio_seconds", 0.0))
-                    except MedusaWhisperError as e:
-                        result.error = str(e)
+                try:
+                    if error is not None:
+                        raise error
+                    _fill(result, transcript, output_formats, writer_options)
+                except MedusaWhisperError as e:
+                    result.error = str(e)
                 result.seconds = time.perf_counter() - began
 
             transcribe_many(self.model, local, batch_size=batch_size, on_done=done, **options)
         return results
+
+
+def _readable(path: str, copies: contextlib.ExitStack) -> str:
+    """A local path for ``path``: an fsspec URL copied to a temporary file (removed when ``copies``
+    closes), a local file checked."""
+    from .audio import check_audio_path
+
+    if is_url(path):
+        return copies.enter_context(_local_copy(path))
+    check_audio_path(path)
+    return path
+
+
+def _fill(result: WorkerResult, transcript: dict, output_formats: Sequence[str], writer_options: dict) -> None:
+    """A transcript's rendered output files, text and audio length into ``result``."""
+    result.contents = {fmt: render(transcript, result.path, fmt, writer_options) for fmt in output_formats}
+    result.text = transcript["text"]
+    result.audio_seconds = float(transcript["medusa"].get("audio_seconds", 0.0))
 
 
 class _local_copy:
