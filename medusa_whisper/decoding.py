@@ -28,9 +28,8 @@ from whisper.utils import compression_ratio
 from .candidates import decode_candidates
 from .decoder import decoder_hidden, new_cache, next_token_logits
 from .drafting.base import Committed, Proposer, ProposerStats
-from .drafting.medusa import MedusaProposer
+from .drafting.factory import make_proposer
 from .drafting.tree import CandidateTree
-from .heads import MedusaHeads
 
 MODES = ("lossless", "typical", "off")
 
@@ -285,29 +284,6 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
     return _Generation(tokens, sum_logprob, no_speech_prob, steps)
 
 
-def make_proposer(model: Whisper, task: DecodingTask, audio_features: Tensor, language: str,
-                  options: MedusaDecodingOptions, draft: Optional[Whisper] = None,
-                  draft_mel: Optional[Tensor] = None) -> Optional[Proposer]:
-    """The proposer of one decoding: a draft model when given, else the model's draft head (EAGLE,
-    CTC) when it has one, else its Medusa heads; None for ``mode="off"`` or a model with none."""
-    if options.mode == "off":
-        return None
-    if draft is not None:
-        from .drafting.draft_model import Drafter
-
-        return Drafter(draft, draft_mel, task, language, options.draft_tokens, options.adaptive_lookahead)
-    draft_head = getattr(model, "draft_head", None)
-    if draft_head is not None:
-        return draft_head.proposer(model, audio_features, options)
-    heads: Optional[MedusaHeads] = getattr(model, "medusa", None)
-    num_heads = 0 if heads is None else heads.num_heads
-    if options.num_heads is not None:
-        num_heads = min(num_heads, options.num_heads)
-    if num_heads == 0:
-        return None
-    return MedusaProposer(heads, model.decoder, audio_features, num_heads, options.tree_width, options.tree_nodes)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -331,7 +307,7 @@ def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions, dra
 
     filters = window_filters(task, options)
     began = time.perf_counter()
-    proposer = make_proposer(model, task, audio_features, languages[0], options, draft, draft_mel)
+    proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel)
     gen = _generate(model, task, audio_features, initial[0].tolist(), filters, options, proposer)
     _sync(audio_features.device)
     decode_seconds = time.perf_counter() - began

@@ -43,13 +43,13 @@ LAYERS: Tuple[Layer, ...] = (
     Layer("decoder and heads", "whisper's decoder run with explicit positions, cache slots and masks; the Medusa "
                                "head modules",
           ("medusa_whisper.decoder", "medusa_whisper.heads")),
-    Layer("drafters", "draft head modules and their proposers, one layer because DraftHead.proposer() builds its "
-                      "own proposer; draft_head loads eagle/ctc/union by name (importlib), unseen by ast",
+    Layer("drafters", "draft head modules, the proposers, and the one factory that builds a proposer from the "
+                      "options; draft_head loads eagle/ctc/union by name (importlib), unseen by ast",
           ("medusa_whisper.drafting.draft_head", "medusa_whisper.drafting.ctc_units",
            "medusa_whisper.drafting.ctc_draft", "medusa_whisper.drafting.ctc_lexicon",
            "medusa_whisper.drafting.ctc_proposer", "medusa_whisper.drafting.ctc", "medusa_whisper.drafting.eagle",
            "medusa_whisper.drafting.union", "medusa_whisper.drafting.medusa", "medusa_whisper.drafting.draft_model",
-           "medusa_whisper.drafting.replay")),
+           "medusa_whisper.drafting.replay", "medusa_whisper.drafting.pass_costs", "medusa_whisper.drafting.factory")),
     Layer("decoding", "the options, the speculative loop and verify(); knows proposers only through the seam; "
                       "batched greedy decoding of many windows, which reuses verify() and the result fields; "
                       "sampling and beam search as whisper's DecodingTask over the package's step (candidates)",

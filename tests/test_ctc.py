@@ -3,7 +3,6 @@ drafts (right, corrupted, empty) on a real recording, the replay that scores dra
 training (the loss falls, a resume continues at the same step), loading by name, and the lossy option
 that must never be reached without its flag."""
 
-import types
 from dataclasses import asdict, replace
 
 import pytest
@@ -15,8 +14,9 @@ import medusa_whisper
 from medusa_whisper import decoding
 from medusa_whisper.audio import load_audio
 from medusa_whisper.drafting.ctc import CtcDraft, CtcHead, CtcConfig, greedy_draft
-from medusa_whisper.drafting.ctc_proposer import CtcProposer, DraftSettings, align_end, choose_chunk
+from medusa_whisper.drafting.ctc_proposer import DraftSettings, align_end, choose_chunk
 from medusa_whisper.drafting.ctc_units import Units
+from medusa_whisper.drafting import factory, pass_costs
 from medusa_whisper.drafting.draft_head import DraftHead, draft_head_file
 from medusa_whisper.drafting.replay import replay
 from medusa_whisper.drafting.tree import CandidateTree
@@ -33,7 +33,8 @@ CORRUPTED = " And so my felow Americans ask not wat you country can do for yu, a
 
 
 class FixedDraft(DraftHead):
-    """A stand-in head whose draft is a given text (characters 40 ms apart), for any window."""
+    """A stand-in CTC head whose draft is a given text (characters 40 ms apart), for any window; the
+    proposers the factory makes for it are kept in ``proposers`` when a test asks for ``recorded``."""
 
     kind = "ctc"
 
@@ -42,20 +43,32 @@ class FixedDraft(DraftHead):
         self.text, self.entropy, self.settings = text, entropy, settings
         self.proposers = []
 
-    def proposer(self, model, audio_features, options):
+    def draft(self, audio_features):
         n = len(self.text)
-        draft = CtcDraft(self.text, [0.04 * i for i in range(n)], [0.04 * (i + 1) for i in range(n)],
-                         [self.entropy] * n)
-        tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language="en",
-                                  task="transcribe")
-        proposer = CtcProposer(draft, tokenizer, self.settings.for_model(model), timestamps=not options.without_timestamps,
-                               lossy_entropy=options.lossy_ctc_entropy)
-        self.proposers.append(proposer)
+        return CtcDraft(self.text, [0.04 * i for i in range(n)], [0.04 * (i + 1) for i in range(n)],
+                        [self.entropy] * n)
+
+    def draft_settings(self) -> DraftSettings:
+        return self.settings
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Keeps each proposer the factory makes for a head in that head's ``proposers`` list, if it has one."""
+    original = factory.head_proposer
+
+    def recording(head, *args, **kwargs):
+        proposer = original(head, *args, **kwargs)
+        getattr(head, "proposers", []).append(proposer)
         return proposer
 
+    monkeypatch.setattr(factory, "head_proposer", recording)
 
-# pass costs where extra rows are cheap (int8 on this CPU; a GPU): long chunks of a right draft pay
-CHEAP_ROWS = DraftSettings(row_costs=DraftSettings().int8_row_costs)
+
+# pass costs given, not measured, so that what a test asserts of the chunk lengths holds on any machine:
+# rows cheap (as at int8 on one EPYC), where long chunks of a right draft pay, and dear (float32 there)
+CHEAP_ROWS = DraftSettings(row_costs=(1.0, 1.03, 1.13, 1.49, 1.91, 2.78))
+DEAR_ROWS = DraftSettings(row_costs=(1.0, 1.1, 1.39, 2.43, 3.7, 5.36))
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +129,7 @@ def test_align_end_finds_where_the_committed_text_ends_in_the_draft():
 
 
 def test_chunks_grow_with_acceptance_and_stop_when_drafts_fail():
-    base_costs = DraftSettings()
+    base_costs = DEAR_ROWS
     assert choose_chunk(0.95, base_costs) >= 8
     assert 1 <= choose_chunk(0.5, base_costs) < choose_chunk(0.95, base_costs)
     tiny_costs = DraftSettings(cost_rows=(1, 2, 4, 8, 16), row_costs=(1.0, 1.21, 1.90, 2.27, 2.28))  # dear rows
@@ -127,7 +140,7 @@ def test_chunks_grow_with_acceptance_and_stop_when_drafts_fail():
 # -- lossless decoding with whole-window drafts -------------------------------------------------------------
 
 @pytest.mark.parametrize("without_timestamps", [True, False], ids=["no-timestamps", "timestamps"])
-def test_ctc_drafts_are_lossless_and_re_synchronise_after_errors(tiny, jfk_mel, without_timestamps):
+def test_ctc_drafts_are_lossless_and_re_synchronise_after_errors(tiny, jfk_mel, without_timestamps, recorded):
     expected = _vanilla(tiny, jfk_mel, without_timestamps)
     per_step = {}
     try:
@@ -162,9 +175,10 @@ def test_replay_counts_the_passes_the_decoding_loop_takes(tiny, jfk_mel):
                 settings = DraftSettings(jacobi=False)
                 tiny.draft_head = FixedDraft(text, settings=settings)
                 result = medusa_whisper.decode(tiny, jfk_mel, language="en", without_timestamps=without_timestamps)
-                proposer = FixedDraft(text, settings=settings).proposer(tiny, None, replace(
+                proposer = factory.head_proposer(FixedDraft(text, settings=settings), tiny, None, "en", replace(
                     decoding.MedusaDecodingOptions(), without_timestamps=without_timestamps))
-                replayed = replay(proposer, initial, expected.tokens + [tokenizer.eot], tokenizer.eot, settings)
+                replayed = replay(proposer, initial, expected.tokens + [tokenizer.eot], tokenizer.eot,
+                                  proposer.settings)
                 assert replayed.tokens == result.tokens_produced
                 assert replayed.passes == result.decoder_steps, (text, without_timestamps)
     finally:
@@ -227,25 +241,40 @@ def test_ctc_drafts_at_int8_equal_int8_greedy(jfk_mel, tmp_path, monkeypatch):
         assert medusa_whisper.decode(model, jfk_mel, language="en",
                                      without_timestamps=without_timestamps).tokens == greedy.tokens
         try:
-            int8.draft_head = FixedDraft(JFK_TEXT)
+            int8.draft_head = FixedDraft(JFK_TEXT, settings=CHEAP_ROWS)
             right = medusa_whisper.decode(int8, jfk_mel, language="en", without_timestamps=without_timestamps)
         finally:
             int8.draft_head = None
         assert right.tokens == greedy.tokens and right.tokens_per_step >= 3.0
 
 
-def test_the_chunk_length_is_chosen_from_the_pass_costs_of_the_models_compute_type(tiny, jfk_mel):
-    """At int8 a pass over many rows costs little more than one, so a head's int8 cost table is used
-    there (and makes longer chunks worth it); float32 keeps its own."""
-    settings = DraftSettings(row_costs=(1.0, 1.1, 1.39, 2.43, 3.7, 5.36), int8_row_costs=(1.0, 1.03, 1.13, 1.49, 1.91, 2.78))
-    head = CtcHead(tiny.dims, CtcConfig(encoding="gpt2", n_units=256, width=64, layers=1, decoding=asdict(settings)))
-    features = tiny.embed_audio(jfk_mel[None])
-    options = types.SimpleNamespace(language="en", task="transcribe", without_timestamps=True)
-    int8_like = types.SimpleNamespace(is_multilingual=False, num_languages=tiny.num_languages, compute_type="int8")
-    assert CtcProposer.for_head(head, tiny, features, options).settings.row_costs == settings.row_costs
-    chosen = CtcProposer.for_head(head, int8_like, features, options).settings
-    assert chosen.row_costs == settings.int8_row_costs
-    assert choose_chunk(0.6, chosen) > choose_chunk(0.6, settings)
+def test_pass_costs_are_measured_here_once_per_model_and_compute_type(tiny, jfk_mel, monkeypatch):
+    """The chunk length is chosen from what a pass costs on the running machine: the table is measured
+    for each model at its compute type, once; a head file's table (measured where it was trained) is
+    not used, and a table given in the settings is."""
+    measured = []
+    original = pass_costs._measure
+
+    def counting(decoder, rows, audio_features):
+        measured.append(decoder)
+        return original(decoder, rows, audio_features)
+
+    monkeypatch.setattr(pass_costs, "_measure", counting)
+    monkeypatch.delitem(tiny.decoder.__dict__, pass_costs._MEMO, raising=False)  # measured by earlier tests
+    head = CtcHead(tiny.dims, CtcConfig(encoding="gpt2", n_units=256, width=64, layers=1, decoding=asdict(DEAR_ROWS)))
+    assert head.draft_settings().row_costs is None
+    int8 = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    options = decoding.MedusaDecodingOptions(language="en", without_timestamps=True)
+    for model in (tiny, int8):
+        features = model.embed_audio(jfk_mel[None])
+        first = factory.head_proposer(head, model, features, "en", options).settings
+        again = factory.head_proposer(head, model, features, "en", options).settings
+        assert first.row_costs == again.row_costs
+        assert len(first.row_costs) == len(first.cost_rows) and first.row_costs[0] == 1.0
+        assert all(cost > 0 for cost in first.row_costs) and first.row_costs[-1] > 1.0
+    assert measured == [tiny.decoder, int8.decoder]  # once each
+    assert DEAR_ROWS.for_model(int8) is DEAR_ROWS  # given costs are kept
+    assert choose_chunk(0.6, CHEAP_ROWS) > choose_chunk(0.6, DEAR_ROWS)
 
 
 # -- training ---------------------------------------------------------------------------------------------------------
@@ -269,7 +298,7 @@ def test_a_short_ctc_training_run_lowers_the_loss(tiny, cache, tmp_path):
     tokenizer = ctc_training.tokenizer_of(tiny)
     fresh = CtcHead(tiny.dims, cfg.head_config("gpt2"))
     before = ctc_training.evaluate(fresh, cache, ctc_training.make_labels(cache, tokenizer, fresh), tokenizer,
-                                   DraftSettings())
+                                   DraftSettings().for_model(tiny))
     after = state.history[-1]["heldout"]
     assert after["loss"] < before["loss"] - 1.0
     assert state.best["step"] == state.step  # evaluated once, at the end: the best is the last

@@ -14,7 +14,7 @@ from medusa_whisper.drafting.tree import CandidateTree
 from medusa_whisper.drafting.union import UnionHead, UnionProposer, merge_trees
 from medusa_whisper.errors import ModelNotFoundError
 
-from test_ctc import CHEAP_ROWS, CORRUPTED, JFK_TEXT, FixedDraft, _vanilla, jfk_mel, tiny  # noqa: F401 (fixtures)
+from test_ctc import CHEAP_ROWS, CORRUPTED, JFK_TEXT, FixedDraft, _vanilla, jfk_mel, recorded, tiny  # noqa: F401 (fixtures)
 
 
 def test_merged_trees_share_common_paths_and_map_every_node():
@@ -33,7 +33,7 @@ def test_merged_trees_share_common_paths_and_map_every_node():
 
 
 @pytest.mark.parametrize("without_timestamps", [True, False], ids=["no-timestamps", "timestamps"])
-def test_a_union_is_lossless_and_takes_whichever_draft_is_right(tiny, jfk_mel, without_timestamps):
+def test_a_union_is_lossless_and_takes_whichever_draft_is_right(tiny, jfk_mel, without_timestamps, recorded):
     expected = _vanilla(tiny, jfk_mel, without_timestamps)
     per_step = {}
     try:

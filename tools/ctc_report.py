@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import medusa_whisper  # noqa: E402
 from medusa_whisper.audio import load_audio  # noqa: E402
-from medusa_whisper.drafting.ctc_proposer import CtcProposer  # noqa: E402
+from medusa_whisper.drafting import factory  # noqa: E402
 from medusa_whisper.drafting.ctc_lexicon import edit_distance  # noqa: E402
 
 
@@ -70,15 +70,15 @@ def main() -> None:
     head = model.draft_head
     if args.decoding:
         head.config.decoding = {**head.config.decoding, **args.decoding}
-    made = []
-    original = CtcProposer.for_head.__func__
+    made = []  # the proposer of each decoding, for its counts
+    original = factory.head_proposer
 
-    def keep(cls, *a, **k):
-        proposer = original(cls, *a, **k)
+    def keep(*a, **k):
+        proposer = original(*a, **k)
         made.append(proposer)
         return proposer
 
-    CtcProposer.for_head = classmethod(keep)
+    factory.head_proposer = keep
     tokenizer = whisper.tokenizer.get_tokenizer(model.is_multilingual, num_languages=model.num_languages,
                                                 language="en", task="transcribe")
     rows = read_rows(args.csv, args.limit)

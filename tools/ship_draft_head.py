@@ -2,14 +2,15 @@
 """Ship a trained draft head (CTC or EAGLE) under weights/: the head (fp16), its record, its curve.
 
 The record of the training run (command, data, time, held-out figures) is kept; for a CTC head the
-proposer's settings measured for this head and base model (``--decoding``) are stored with it; a
+proposer's settings chosen for this head and base model (``--decoding``; not the pass costs, which are
+measured where it runs) are stored with it; a
 report on real recordings (tools/ctc_report.py or tools/drafters_report.py JSON) can be added to the
 record (``--report``). Half precision halves the file; a drafter's weights cannot change what
 lossless decoding outputs, only how many of its proposals are accepted.
 
     python tools/ship_draft_head.py data/runs/base-eagle.pt --name base-eagle --plot data/runs/base-eagle.work/training.png
     python tools/ship_draft_head.py data/train/base-ctc.pt --name base-ctc --plot data/train/base-ctc.work/training.png \\
-        --decoding '{"row_costs": [1.0, 1.07, 1.39, 1.63, 2.22]}' --report bench_out/ctc_report_base.json
+        --decoding '{"timestamps": "repeat"}' --report bench_out/ctc_report_base.json
 """
 
 from __future__ import annotations

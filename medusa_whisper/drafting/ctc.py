@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from whisper.model import ModelDimensions
 
 from .ctc_draft import CtcDraft, greedy_draft
-from .ctc_proposer import CtcProposer
+from .ctc_proposer import DraftSettings
 from .ctc_units import Units
 from .draft_head import DraftHead
 
@@ -130,8 +130,11 @@ class CtcHead(DraftHead):
         logprobs = self(audio_features)[0]  # (T, n_units + 1)
         return greedy_draft(logprobs, self.units, self.blank, self.frame_seconds)
 
-    def proposer(self, model, audio_features: Tensor, options) -> CtcProposer:
-        return CtcProposer.for_head(self, model, audio_features, options)
+    def draft_settings(self) -> DraftSettings:
+        """How its proposer drafts: the head file's ``decoding`` settings over the defaults, except the
+        pass costs a file may hold: those were measured where the head was trained, and are measured
+        again where it runs (``DraftSettings.for_model``)."""
+        return DraftSettings.from_dict({k: v for k, v in self.config.decoding.items() if k != "row_costs"})
 
 
 def build(dims: ModelDimensions, config: dict) -> CtcHead:

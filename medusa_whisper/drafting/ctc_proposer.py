@@ -25,17 +25,16 @@ not the rest of the window.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, fields, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from torch import Tensor
-from whisper.tokenizer import Tokenizer, get_tokenizer
+from whisper.tokenizer import Tokenizer
 
 from .base import Committed, Proposer
 from .ctc_draft import CtcDraft
 from .tree import CandidateTree
-from ..compute import compute_type_of
+from .pass_costs import measured_pass_costs
 
 TIMESTAMP_SECONDS = 0.02  # whisper's timestamp tokens are 20 ms apart
 SENTENCE_ENDS = ".?!"
@@ -48,12 +47,10 @@ class DraftSettings:
 
     max_chunk: int = 16  # most draft tokens per pass
     fixed_chunk: int = 0  # > 0: always this many tokens per pass (else chosen per pass)
-    # relative cost of one decoder pass over n rows after a cache of 60 tokens, float32: base, 2
-    # threads, this project's 2-core CPU (a single row 7.1 ms); a head file stores its own model's
+    # the relative cost of a decoder pass over each of cost_rows rows (a pass over one = 1.0); None:
+    # measured on the running machine for the model's compute type (pass_costs.py) by for_model
     cost_rows: Tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    row_costs: Tuple[float, ...] = (1.0, 1.1, 1.39, 2.43, 3.7, 5.36)
-    # the same at int8, where extra rows cost much less (base: a single row 5.1 ms); empty: row_costs
-    int8_row_costs: Tuple[float, ...] = (1.0, 1.03, 1.13, 1.49, 1.91, 2.78)
+    row_costs: Optional[Tuple[float, ...]] = None
     prior_acceptance: float = 0.8  # per-token acceptance at a window's start
     acceptance_memory: float = 0.1  # weight of each new verdict in the running estimate
     # "aligned": draft segment-end timestamps from the CTC frames; "repeat": only the start of the
@@ -68,22 +65,23 @@ class DraftSettings:
     # (its own spelling, from the last pass's rows), as a second branch beside the draft
     jacobi: bool = True
 
-    def for_model(self, model) -> "DraftSettings":
-        """These settings with the pass costs of the compute type ``model`` runs at: the chunk length
-        is chosen from what a pass costs there."""
-        if compute_type_of(model) == "int8" and self.int8_row_costs:
-            return replace(self, row_costs=self.int8_row_costs)
-        return self
+    def for_model(self, model, audio_features: Optional[Tensor] = None) -> "DraftSettings":
+        """These settings with the pass costs of ``model`` at its compute type on this machine, unless
+        they were given: the chunk length is chosen from what a pass costs here."""
+        if self.row_costs is not None:
+            return self
+        return replace(self, row_costs=measured_pass_costs(model, self.cost_rows, audio_features))
 
     @classmethod
     def from_dict(cls, values: Optional[dict]) -> "DraftSettings":
         values = dict(values or {})
+        values.pop("int8_row_costs", None)  # older head files: a second table, now measured like the first
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown CTC decoding settings {unknown}")
-        for key in ("cost_rows", "row_costs", "int8_row_costs"):
-            if key in values:
+        for key in ("cost_rows", "row_costs"):
+            if values.get(key) is not None:
                 values[key] = tuple(values[key])
         return cls(**values)
 
@@ -91,6 +89,8 @@ class DraftSettings:
 def pass_cost(rows: int, settings: DraftSettings) -> float:
     """Relative cost of a pass over ``rows`` rows: the measured table, linear in between and beyond."""
     xs, ys = settings.cost_rows, settings.row_costs
+    if ys is None:
+        raise ValueError("pass costs not known yet: take the settings of DraftSettings.for_model(model)")
     if rows <= xs[0]:
         return ys[0]
     for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
@@ -182,17 +182,6 @@ class CtcProposer(Proposer):
                                            timestamps_accepted=0, eot_proposed=0, unverified=0,
                                            jacobi_proposed=0)
         # (an accepted end of text ends the decoding: no commit follows, so it is not counted here)
-
-    @classmethod
-    def for_head(cls, head, model, audio_features: Tensor, options) -> "CtcProposer":
-        began = time.perf_counter()
-        draft = head.draft(audio_features)
-        seconds = time.perf_counter() - began
-        tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages,
-                                  language=options.language or "en", task=options.task or "transcribe")
-        settings = DraftSettings.from_dict(head.config.decoding).for_model(model)
-        return cls(draft, tokenizer, settings, timestamps=not options.without_timestamps,
-                   lossy_entropy=getattr(options, "lossy_ctc_entropy", None), setup_seconds=seconds)
 
     # -- what was committed --------------------------------------------------------------------
 

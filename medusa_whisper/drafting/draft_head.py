@@ -2,7 +2,8 @@
 
 A draft head is a small module trained on a frozen Whisper; it lives in ``model.draft_head`` (a
 submodule, so ``.to(device)`` and compute types reach it, while ``whisper.decode`` never calls it)
-and makes the proposer of each decoding. Its heads file, under ``weights/<base>-<kind>.pt``:
+and computes what its proposer (made by ``factory.head_proposer``, by the head's ``kind``) drafts from.
+Its heads file, under ``weights/<base>-<kind>.pt``:
 
     {"draft_head": {"kind": "eagle", ...its config...}, "state_dict": ..., "base_model": name,
      "record": how it was trained and measured}
@@ -13,10 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import Dict
 
-from torch import Tensor, nn
+from torch import nn
 from whisper.model import ModelDimensions
-
-from .base import Proposer
 
 # kind -> module that defines ``build(dims, config) -> DraftHead``; imported on first use
 KINDS: Dict[str, str] = {
@@ -33,14 +32,6 @@ class DraftHead(nn.Module):
 
     def config_dict(self) -> dict:
         """Everything ``build`` needs to make the same module again (JSON-safe)."""
-        raise NotImplementedError
-
-    def proposer(self, model, audio_features: Tensor, options) -> Proposer:
-        """The proposer of one decoding of ``model`` on this window's encoder output.
-
-        audio_features : shape = (1, n_audio_ctx, n_audio_state)
-        options        : the MedusaDecodingOptions of this decoding (draft_tokens, tree_width, ...)
-        """
         raise NotImplementedError
 
 

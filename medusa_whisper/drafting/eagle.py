@@ -103,11 +103,6 @@ class EagleHead(DraftHead):
                                       self.token_ids)
         return shortlist(states)
 
-    def proposer(self, model, audio_features: Tensor, options) -> "EagleProposer":
-        depth = options.draft_tokens
-        nodes = options.tree_nodes or (depth if options.tree_width == 1 else DEFAULT_TREE_NODES)
-        return EagleProposer(self, model.decoder, audio_features, depth, options.tree_width, nodes)
-
 
 def build(dims: ModelDimensions, config: dict) -> EagleHead:
     return EagleHead(EagleConfig(**{"n_state": dims.n_text_state, "n_head": dims.n_text_head,

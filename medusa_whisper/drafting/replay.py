@@ -30,11 +30,12 @@ class Replay:
 
 
 def replay(proposer: Proposer, initial: Sequence[int], output: Sequence[int], eot: int,
-           settings: DraftSettings = DraftSettings()) -> Replay:
+           settings: DraftSettings) -> Replay:
     """Drive ``proposer`` as ``decoding._generate`` would, with ``output`` as the verifier's greedy tokens.
 
     initial : the initial tokens (start-of-transcript sequence, prompt, prefix)
     output  : the sampled tokens, ending with ``eot`` (as the training cache stores them)
+    settings: whose pass costs (``row_costs``, given or measured by ``for_model``) price the passes
     Chains only (unverified nodes, the lossy option, are not replayed).
     """
     empty = torch.zeros(1, 0, 0)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Dict, List, Sequence, Tuple
 
-from torch import Tensor, nn
+from torch import nn
 
 from .base import Committed, Proposer
 from .draft_head import DraftHead, build_draft_head
@@ -105,9 +105,6 @@ class UnionHead(DraftHead):
 
     def config_dict(self) -> dict:
         return dict(parts=[dict(kind=part.kind, **part.config_dict()) for part in self.parts])
-
-    def proposer(self, model, audio_features: Tensor, options) -> UnionProposer:
-        return UnionProposer([part.proposer(model, audio_features, options) for part in self.parts])
 
 
 def build(dims, config: dict) -> UnionHead:

@@ -255,7 +255,7 @@ def train(model, train_shard: Shard, heldout_shard: Optional[Shard], cfg: CtcTra
                           train_loss=round(float(np.mean(running)), 4), seconds=round(time.perf_counter() - began, 1))
             running = []
             if heldout_shard is not None:
-                record["heldout"] = evaluate(head, heldout_shard, heldout_labels, tokenizer, settings,
+                record["heldout"] = evaluate(head, heldout_shard, heldout_labels, tokenizer, settings.for_model(model),
                                              cfg.max_eval_windows)
                 if cfg.keep_best:
                     best.offer(head, state.step, record["heldout"])

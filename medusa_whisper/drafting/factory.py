@@ -1,0 +1,78 @@
+"""The one place that turns a decoding's options into its proposer.
+
+Every speculative setting of ``MedusaDecodingOptions`` (``draft_tokens``, ``tree_width``,
+``tree_nodes``, ``num_heads``, ``adaptive_lookahead``, ``lossy_ctc_entropy``) is read here and
+nowhere else: the proposers take plain values, and the draft-head modules only compute (a
+``DraftHead`` has no method that builds a proposer). What the model carries picks the proposer:
+
+- a draft model passed to the decoding: ``draft_model.Drafter``;
+- a draft head (``model.draft_head``): by its ``kind``, EAGLE, CTC, or the union of its parts;
+- Medusa heads (``model.medusa``): ``medusa.MedusaProposer``;
+- nothing, or ``mode="off"``: no proposer (plain greedy steps).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Optional
+
+from torch import Tensor
+from whisper.tokenizer import get_tokenizer
+
+from .base import Proposer
+from .ctc_proposer import CtcProposer
+from .draft_head import DraftHead
+from .draft_model import Drafter
+from .eagle import DEFAULT_TREE_NODES, EagleProposer
+from .medusa import MedusaProposer
+from .union import UnionProposer
+
+if TYPE_CHECKING:  # the options live in the decoding layer above; only their fields are read
+    from ..decoding import MedusaDecodingOptions
+
+
+def make_proposer(model, audio_features: Tensor, language: str, options: "MedusaDecodingOptions",
+                  task=None, draft=None, draft_mel: Optional[Tensor] = None) -> Optional[Proposer]:
+    """The proposer of one decoding of ``model`` on a window, or None for plain greedy steps.
+
+    audio_features : shape = (1, n_audio_ctx, n_audio_state), the window's encoder output
+    language       : the decoding's language (given, or detected on this window)
+    task           : whisper's DecodingTask of the decoding (needed by a draft model only)
+    draft, draft_mel : a draft model and its log-mel of the window
+    """
+    if options.mode == "off":
+        return None
+    if draft is not None:
+        return Drafter(draft, draft_mel, task, language, options.draft_tokens, options.adaptive_lookahead)
+    draft_head = getattr(model, "draft_head", None)
+    if draft_head is not None:
+        return head_proposer(draft_head, model, audio_features, language, options)
+    heads = getattr(model, "medusa", None)
+    num_heads = 0 if heads is None else heads.num_heads
+    if options.num_heads is not None:
+        num_heads = min(num_heads, options.num_heads)
+    if num_heads == 0:
+        return None
+    return MedusaProposer(heads, model.decoder, audio_features, num_heads, options.tree_width, options.tree_nodes)
+
+
+def head_proposer(head: DraftHead, model, audio_features: Tensor, language: str,
+                  options: "MedusaDecodingOptions") -> Proposer:
+    """The proposer of a draft head, by its kind (a union's parts each by theirs)."""
+    if head.kind == "union":
+        return UnionProposer([head_proposer(part, model, audio_features, language, options) for part in head.parts])
+    if head.kind == "eagle":
+        depth, width = options.draft_tokens, options.tree_width
+        # a chain drafts ``depth`` nodes; a tree, the most probable DEFAULT_TREE_NODES paths
+        nodes = options.tree_nodes or (depth if width == 1 else DEFAULT_TREE_NODES)
+        return EagleProposer(head, model.decoder, audio_features, depth, width, nodes)
+    if head.kind == "ctc":
+        began = time.perf_counter()
+        draft = head.draft(audio_features)  # the whole window's draft, once: part of what drafting costs
+        seconds = time.perf_counter() - began
+        tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language,
+                                  task=options.task or "transcribe")
+        return CtcProposer(draft, tokenizer, head.draft_settings().for_model(model, audio_features),
+                           timestamps=not options.without_timestamps, lossy_entropy=options.lossy_ctc_entropy,
+                           setup_seconds=seconds)
+    raise ValueError(f"no proposer for a draft head of kind {head.kind!r}")
