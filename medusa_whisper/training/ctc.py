@@ -33,7 +33,6 @@ from ..drafting.ctc_proposer import CtcProposer, DraftSettings
 from ..drafting.replay import replay, summarize
 from . import loop
 from .features import Shard
-from .plots import mark_best
 
 
 @dataclass
@@ -230,45 +229,3 @@ def train(model, train_shard: Shard, heldout_shard: Optional[Shard], cfg: CtcTra
                              resume=resume, max_steps=max_steps, log=log)
     task.head.eval()
     return task.head, state
-
-
-# -- the curve ---------------------------------------------------------------------------------------------
-
-def plot_history(history: List[Dict], path: Path, title: str = "", best_step: Optional[int] = None) -> Optional[Path]:
-    """Loss (train, held-out) and the held-out token error rate and tokens per pass; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    if not history:
-        return None
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot([h["step"] for h in history], [h["train_loss"] for h in history], label="train")
-    scored = [h for h in history if "heldout" in h]
-    if scored:
-        steps = [h["step"] for h in scored]
-        left.plot(steps, [h["heldout"]["loss"] for h in scored], label="held-out")
-        right.plot(steps, [h["heldout"]["token_error_rate"] for h in scored], color="C3",
-                   label="draft token error rate")
-        right.plot(steps, [h["heldout"]["char_error_rate"] for h in scored], color="C1", label="draft char error rate")
-        right.set_ylim(0, 1)
-        right.set_ylabel("held-out error rate vs the main model's output")
-        twin = right.twinx()
-        twin.plot(steps, [h["heldout"]["tokens_per_pass"] for h in scored], color="C2",
-                  label="tokens per pass (replayed)")
-        twin.set_ylabel("lossless tokens per decoder pass (replayed)")
-        lines = right.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-        right.legend(lines, [ln.get_label() for ln in lines], fontsize=7, loc="center right")
-    left.set_xlabel("step")
-    left.set_ylabel("CTC loss per unit")
-    left.legend()
-    right.set_xlabel("step")
-    mark_best(best_step, left, right)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
