@@ -68,11 +68,12 @@ LAYERS: Tuple[Layer, ...] = (
     Layer("applications", "transcript files, batches, Ray, WER evaluation: users of the facade",
           ("medusa_whisper.outputs", "medusa_whisper.batch", "medusa_whisper.distributed",
            "medusa_whisper.evaluation")),
-    Layer("training", "fitting heads on a frozen base model: windows, cached features, the loops, their CLIs",
+    Layer("training", "fitting heads on a frozen base model: windows, cached features, one loop and what each "
+                      "head type gives it (trainer: Medusa, eagle, ctc), their CLIs",
           ("medusa_whisper.training", "medusa_whisper.training.windows", "medusa_whisper.training.features",
-           "medusa_whisper.training.plots", "medusa_whisper.training.best", "medusa_whisper.training.trainer",
-           "medusa_whisper.training.eagle", "medusa_whisper.training.ctc", "medusa_whisper.training.ctc_cli",
-           "medusa_whisper.training.cli")),
+           "medusa_whisper.training.plots", "medusa_whisper.training.best", "medusa_whisper.training.loop",
+           "medusa_whisper.training.trainer", "medusa_whisper.training.eagle", "medusa_whisper.training.ctc",
+           "medusa_whisper.training.ctc_cli", "medusa_whisper.training.cli")),
     Layer("command line", "medusa-whisper: every subcommand, training's included",
           ("medusa_whisper.cli",)),
 )

@@ -154,11 +154,10 @@ def _record(args, cfg, state, work: Path, summary: dict, times: dict, plot, titl
     """Write the curve (history.json and training.png) and return the training record of a heads file."""
     import torch
 
+    from .plots import write_curve
+
     times["train_seconds"] = round(state.seconds, 1)
-    (work / "history.json").write_text(json.dumps(state.history, indent=1))
-    if plot(state.history, work / "training.png", title=title, best_step=state.best.get("step")) is None:
-        print(f"no loss plot: matplotlib is not installed (pip install matplotlib); the curve is in {work / 'history.json'}",
-              file=sys.stderr)
+    write_curve(state.history, work, plot, title, state.best.get("step"))
     return dict(
         base_model=args.base, train_config=asdict(cfg), labels=args.labels,
         data=[str(p) for p in args.data] + [str(p) for p in args.audio_dir],

@@ -16,10 +16,6 @@ same settings resumes at the same step with the same batches.
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -28,7 +24,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm import tqdm
 from whisper.tokenizer import Tokenizer, get_tokenizer
 
 from ..drafting.ctc import CtcConfig, CtcHead
@@ -36,11 +31,8 @@ from ..drafting.ctc_draft import greedy_draft
 from ..drafting.ctc_lexicon import edit_distance
 from ..drafting.ctc_proposer import CtcProposer, DraftSettings
 from ..drafting.replay import replay, summarize
-from ..weights import safe_torch_load
-from .best import BestWeights
+from . import loop
 from .features import Shard
-from .plots import mark_best
-from .trainer import TrainState
 
 
 @dataclass
@@ -175,146 +167,67 @@ def evaluate(head: CtcHead, shard: Shard, labels: Labels, tokenizer: Tokenizer, 
     return out
 
 
-# -- the loop --------------------------------------------------------------------------------------------
+# -- what the training loop (loop.py) runs ----------------------------------------------------------------
 
-def _lr_factor(step: int, total: int, warmup: int) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(total - warmup, 1)
-    return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+class CtcTask:
+    """The CTC head as a ``loop.HeadTask``: the CTC loss on the encoder output, scored by replayed decoding."""
 
+    lr_floor = 0.05
+    clip_norm = 1.0
 
-def _batches(cfg: CtcTrainConfig, n_windows: int, epoch: int) -> List[List[int]]:
-    """The batches of one epoch, in an order fixed by (seed, epoch), so that a resume can skip to one."""
-    generator = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-    order = torch.randperm(n_windows, generator=generator).tolist()
-    return [order[i : i + cfg.batch_windows] for i in range(0, len(order), cfg.batch_windows)]
+    def __init__(self, model, train_shard: Shard, heldout_shard: Optional[Shard], cfg: CtcTrainConfig,
+                 settings: DraftSettings):
+        self.tokenizer = tokenizer_of(model)
+        encoding = "multilingual" if model.is_multilingual else "gpt2"
+        self.head = self.module = CtcHead(model.dims, cfg.head_config(encoding, asdict(settings)))
+        self.head.train()
+        self.cfg, self.settings = cfg, settings
+        # held-out windows are scored by replayed decoding, priced by what a pass costs on this machine
+        self.replay_settings = settings.for_model(model) if heldout_shard is not None else settings
+        self.description = f"train ctc {cfg.block}x{cfg.layers} units {cfg.n_units}"
+        self.best_metric = "tokens_per_pass" if cfg.keep_best else None
+        self.train_shard, self.heldout = train_shard, heldout_shard
+        self.labels = make_labels(train_shard, self.tokenizer, self.head)
+        self.heldout_labels = None if heldout_shard is None else make_labels(heldout_shard, self.tokenizer, self.head)
+        self.examples, self.batch_size = len(train_shard.tokens), cfg.batch_windows
+        # the number of windows too: a resume on a grown cache would shuffle other batches
+        self.config = dict(asdict(cfg), train_windows=self.examples)
+
+    def param_groups(self) -> List[dict]:
+        return [dict(params=list(self.head.parameters()), lr=self.cfg.lr)]
+
+    def train_step(self, rows: Tensor, step: int) -> Tuple[float, Dict[str, str]]:
+        batch = rows.tolist()
+        # dropout and masks drawn from the step number: a resumed run draws what the straight one did
+        torch.manual_seed(self.cfg.seed * 1_000_003 + step)
+        generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step)
+        features = _time_masked(self.train_shard.audio_features[batch].float(), self.cfg, generator)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.bf16):
+            loss = ctc_loss(self.head, features, [self.labels.units[r] for r in batch])
+        loss.backward()
+        return float(loss.detach()), {}
+
+    def evaluate(self) -> Optional[Dict]:
+        if self.heldout is None:
+            return None
+        return evaluate(self.head, self.heldout, self.heldout_labels, self.tokenizer, self.replay_settings,
+                        self.cfg.max_eval_windows)
+
+    def checkpoint_weights(self) -> dict:
+        return dict(head=self.head.state_dict())
+
+    def load_checkpoint_weights(self, saved: dict) -> None:
+        self.head.load_state_dict(saved["head"])
 
 
 def train(model, train_shard: Shard, heldout_shard: Optional[Shard], cfg: CtcTrainConfig, work_dir: Path,
           settings: DraftSettings = DraftSettings(), resume: bool = True, max_steps: Optional[int] = None,
-          log=print) -> Tuple[CtcHead, TrainState]:
+          log=print) -> Tuple[CtcHead, loop.TrainState]:
     """Train a CTC head for ``cfg.epochs`` epochs over the cached windows of ``model``.
 
     max_steps : stop after this global step (the schedule still spans all epochs)
     """
-    torch.manual_seed(cfg.seed)
-    work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = tokenizer_of(model)
-    encoding = "multilingual" if model.is_multilingual else "gpt2"
-    head = CtcHead(model.dims, cfg.head_config(encoding, asdict(settings)))
-    optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    labels = make_labels(train_shard, tokenizer, head)
-    heldout_labels = make_labels(heldout_shard, tokenizer, head) if heldout_shard is not None else None
-    n_windows = len(train_shard.tokens)
-    steps_per_epoch = len(_batches(cfg, n_windows, 0))
-    total_steps = max(1, int(round(cfg.epochs * steps_per_epoch)))
-    state = TrainState()
-
-    checkpoint = work_dir / "checkpoint.pt"
-    saved_config = dict(asdict(cfg), train_windows=n_windows)
-    if resume and checkpoint.exists():
-        saved = safe_torch_load(checkpoint)
-        if saved["config"] != saved_config:
-            raise ValueError(f"{checkpoint}: written with other settings or data; delete it or pass the same options")
-        head.load_state_dict(saved["head"])
-        optimizer.load_state_dict(saved["optimizer"])
-        state = TrainState(**saved["state"])
-        log(f"resuming at step {state.step} of {total_steps}")
-    best = BestWeights(work_dir, "tokens_per_pass", fresh=state.step == 0)
-
-    stop = total_steps if max_steps is None else min(total_steps, max_steps)
-    bar = tqdm(total=stop, initial=state.step, desc=f"train ctc {cfg.block}x{cfg.layers} units {cfg.n_units}",
-               unit="step")
-    began = time.perf_counter() - state.seconds
-    running: List[float] = []
-    head.train()
-    while state.step < stop:
-        epoch, index = divmod(state.step, steps_per_epoch)
-        batch = _batches(cfg, n_windows, epoch)[index]
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * _lr_factor(state.step, total_steps, cfg.warmup_steps)
-        # dropout and masks drawn from the step number: a resumed run draws what the straight one did
-        torch.manual_seed(cfg.seed * 1_000_003 + state.step)
-        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state.step)
-        features = _time_masked(train_shard.audio_features[batch].float(), cfg, generator)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss = ctc_loss(head, features, [labels.units[r] for r in batch])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        optimizer.step()
-        state.step += 1
-        running.append(float(loss.detach()))
-        bar.update(1)
-        bar.set_postfix(loss=f"{np.mean(running[-20:]):.3f}")
-        last = state.step == stop
-        if state.step % cfg.eval_every == 0 or last:
-            record = dict(step=state.step, epoch=round(state.step / steps_per_epoch, 3),
-                          train_loss=round(float(np.mean(running)), 4), seconds=round(time.perf_counter() - began, 1))
-            running = []
-            if heldout_shard is not None:
-                record["heldout"] = evaluate(head, heldout_shard, heldout_labels, tokenizer, settings.for_model(model),
-                                             cfg.max_eval_windows)
-                if cfg.keep_best:
-                    best.offer(head, state.step, record["heldout"])
-            state.history.append(record)
-            tqdm.write(json.dumps(record))
-        if state.step % cfg.checkpoint_every == 0 or last:
-            state.seconds = time.perf_counter() - began
-            _save_checkpoint(checkpoint, head, optimizer, state, saved_config)
-    bar.close()
-    state.seconds = time.perf_counter() - began
-    if cfg.keep_best:  # (after the last checkpoint: a resumed run goes on from the last weights)
-        state.best = best.restore(head) or {}
-    head.eval()
-    return head, state
-
-
-def _save_checkpoint(path: Path, head: CtcHead, optimizer, state: TrainState, config: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(dict(config=config, head=head.state_dict(), optimizer=optimizer.state_dict(), state=asdict(state)), tmp)
-    os.replace(tmp, path)
-
-
-# -- the curve ---------------------------------------------------------------------------------------------
-
-def plot_history(history: List[Dict], path: Path, title: str = "", best_step: Optional[int] = None) -> Optional[Path]:
-    """Loss (train, held-out) and the held-out token error rate and tokens per pass; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    if not history:
-        return None
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot([h["step"] for h in history], [h["train_loss"] for h in history], label="train")
-    scored = [h for h in history if "heldout" in h]
-    if scored:
-        steps = [h["step"] for h in scored]
-        left.plot(steps, [h["heldout"]["loss"] for h in scored], label="held-out")
-        right.plot(steps, [h["heldout"]["token_error_rate"] for h in scored], color="C3",
-                   label="draft token error rate")
-        right.plot(steps, [h["heldout"]["char_error_rate"] for h in scored], color="C1", label="draft char error rate")
-        right.set_ylim(0, 1)
-        right.set_ylabel("held-out error rate vs the main model's output")
-        twin = right.twinx()
-        twin.plot(steps, [h["heldout"]["tokens_per_pass"] for h in scored], color="C2",
-                  label="tokens per pass (replayed)")
-        twin.set_ylabel("lossless tokens per decoder pass (replayed)")
-        lines = right.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-        right.legend(lines, [ln.get_label() for ln in lines], fontsize=7, loc="center right")
-    left.set_xlabel("step")
-    left.set_ylabel("CTC loss per unit")
-    left.legend()
-    right.set_xlabel("step")
-    mark_best(best_step, left, right)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    task, state = loop.train(lambda: CtcTask(model, train_shard, heldout_shard, cfg, settings), cfg, work_dir,
+                             resume=resume, max_steps=max_steps, log=log)
+    task.head.eval()
+    return task.head, state

@@ -50,7 +50,7 @@ def run_train(args: argparse.Namespace) -> int:
     from ..drafting.ctc_proposer import DraftSettings
     from ..drafting.draft_head import draft_head_file
     from ..loading import load_model
-    from . import ctc, features, windows
+    from . import ctc, features, plots, windows
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -105,10 +105,8 @@ def run_train(args: argparse.Namespace) -> int:
     settings = DraftSettings.from_dict(args.ctc_decoding)
     head, state = ctc.train(base, train_shard, heldout, cfg, work, settings, resume=not args.no_resume,
                             max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr))
-    (work / "history.json").write_text(json.dumps(state.history, indent=1))
     title = f"{args.base} CTC head ({cfg.block} x{cfg.layers}, width {cfg.width}, {cfg.n_units} units)"
-    if ctc.plot_history(state.history, work / "training.png", title=title, best_step=state.best.get("step")) is None:
-        print(f"no loss plot: matplotlib is not installed; the curve is in {work / 'history.json'}", file=sys.stderr)
+    plots.write_curve(state.history, work, plots.plot_ctc_history, title, state.best.get("step"))
     record = dict(base_model=args.base, train_config=asdict(cfg), labels="self", cache=summary,
                   steps=state.step, threads=torch.get_num_threads(), device="cpu",
                   cache_seconds=cache_seconds, train_seconds=round(state.seconds, 1),

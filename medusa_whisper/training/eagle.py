@@ -20,10 +20,7 @@ drafted depth, without running the main decoder.
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -32,15 +29,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm import tqdm
 
 from ..drafting.base import Committed
 from ..drafting.eagle import EagleConfig, EagleHead, EagleProposer
 from ..drafting.tree import CandidateTree
-from ..weights import safe_torch_load
+from . import loop
 from .features import Shard
-from .best import BestWeights
-from .trainer import TrainState, _lr_factor
 
 IGNORE = -100
 
@@ -234,14 +228,7 @@ def evaluate(head: EagleHead, decoder, shard: Shard, columns: Tensor, cfg: Eagle
     return result
 
 
-# -- the loop -------------------------------------------------------------------------------------------
-
-def _batches(n_windows: int, cfg: EagleTrainConfig, epoch: int) -> List[List[int]]:
-    """One epoch's batches, in an order fixed by (seed, epoch) so that a resume can skip to its step."""
-    generator = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-    order = torch.randperm(n_windows, generator=generator).tolist()
-    return [order[i : i + cfg.batch_windows] for i in range(0, len(order), cfg.batch_windows)]
-
+# -- what the training loop (loop.py) runs --------------------------------------------------------------
 
 def new_head(model, train: Shard, cfg: EagleTrainConfig) -> EagleHead:
     dims = model.dims
@@ -252,79 +239,56 @@ def new_head(model, train: Shard, cfg: EagleTrainConfig) -> EagleHead:
     return head
 
 
+class EagleTask:
+    """The EAGLE head as a ``loop.HeadTask``: feature and token losses, scored by replayed decoding."""
+
+    description = "train eagle"
+    lr_floor = 0.1
+    clip_norm = 1.0
+
+    def __init__(self, model, train_shard: Shard, heldout: Optional[Shard], cfg: EagleTrainConfig):
+        self.decoder = model.decoder
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.head = self.module = new_head(model, train_shard, cfg)
+        self.head.train()
+        self.cfg, self.config = cfg, asdict(cfg)
+        self.best_metric = "tokens_per_step" if cfg.keep_best else None
+        self.train_shard, self.heldout = train_shard, heldout
+        self.examples, self.batch_size = len(train_shard.tokens), cfg.batch_windows
+        self.columns = torch.full((model.dims.n_vocab,), IGNORE, dtype=torch.long)
+        self.columns[self.head.token_ids] = torch.arange(len(self.head.token_ids))
+        self.scale = feature_scale(train_shard)
+
+    def param_groups(self) -> List[dict]:
+        return [dict(params=list(self.head.parameters()), lr=self.cfg.lr)]
+
+    def train_step(self, rows: Tensor, step: int) -> Tuple[float, Dict[str, str]]:
+        batch = make_batch(self.train_shard, rows.tolist())
+        # the rollout draws must not depend on where a run was resumed: one generator per step
+        rollout = random.Random(self.cfg.seed * 7919 + step).random() < self.cfg.rollout_prob
+        stats = step_losses(self.head, self.decoder, batch, self.columns, self.cfg, rollout, self.scale)
+        stats["loss"].backward()
+        return float(stats["loss"].detach()), dict(acc=f"{stats['hits'] / max(stats['n'], 1):.2f}")
+
+    def evaluate(self) -> Optional[Dict]:
+        if self.heldout is None:
+            return None
+        return evaluate(self.head, self.decoder, self.heldout, self.columns, self.cfg, self.scale)
+
+    def checkpoint_weights(self) -> dict:
+        return dict(head=self.head.state_dict())
+
+    def load_checkpoint_weights(self, saved: dict) -> None:
+        self.head.load_state_dict(saved["head"])
+
+
 def train(model, train_shard: Shard, heldout: Optional[Shard], cfg: EagleTrainConfig, work_dir: Path,
-          resume: bool = True, max_steps: Optional[int] = None, log=print) -> Tuple[EagleHead, TrainState]:
+          resume: bool = True, max_steps: Optional[int] = None, log=print) -> Tuple[EagleHead, loop.TrainState]:
     """Train for ``cfg.epochs`` epochs; ``work_dir/checkpoint.pt`` after every ``checkpoint_every`` steps.
 
     max_steps : stop after this global step (the schedule still spans all epochs), to split a long run
     """
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    decoder = model.decoder
-    for p in model.parameters():
-        p.requires_grad_(False)
-    head = new_head(model, train_shard, cfg)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    steps_per_epoch = len(_batches(len(train_shard.tokens), cfg, 0))
-    total_steps = max(1, int(round(cfg.epochs * steps_per_epoch)))
-    state = TrainState()
-
-    checkpoint = work_dir / "checkpoint.pt"
-    if resume and checkpoint.exists():
-        saved = safe_torch_load(checkpoint)
-        if saved["config"] != asdict(cfg):
-            raise ValueError(f"{checkpoint}: written with other settings; delete it or pass the same options")
-        head.load_state_dict(saved["head"])
-        optimizer.load_state_dict(saved["optimizer"])
-        state = TrainState(**saved["state"])
-        log(f"resuming at step {state.step} of {total_steps}")
-    best = BestWeights(work_dir, "tokens_per_step", fresh=state.step == 0)
-
-    columns = torch.full((model.dims.n_vocab,), IGNORE, dtype=torch.long)
-    columns[head.token_ids] = torch.arange(len(head.token_ids))
-    scale = feature_scale(train_shard)
-    # the rollout draws must not depend on where a run was resumed: one generator per step
-    stop = total_steps if max_steps is None else min(total_steps, max_steps)
-    bar = tqdm(total=stop, initial=state.step, desc="train eagle", unit="step")
-    began = time.perf_counter() - state.seconds
-    running: List[float] = []
-    head.train()
-    while state.step < stop:
-        epoch, index = divmod(state.step, steps_per_epoch)
-        batch = make_batch(train_shard, _batches(len(train_shard.tokens), cfg, epoch)[index])
-        rollout = random.Random(cfg.seed * 7919 + state.step).random() < cfg.rollout_prob
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * _lr_factor(state.step, total_steps, cfg.warmup_steps)
-        optimizer.zero_grad(set_to_none=True)
-        stats = step_losses(head, decoder, batch, columns, cfg, rollout, scale)
-        stats["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        optimizer.step()
-        state.step += 1
-        running.append(float(stats["loss"].detach()))
-        bar.update(1)
-        bar.set_postfix(loss=f"{np.mean(running[-20:]):.3f}", acc=f"{stats['hits'] / max(stats['n'], 1):.2f}")
-        last = state.step == stop
-        if state.step % cfg.eval_every == 0 or last:
-            record = dict(step=state.step, epoch=round(state.step / steps_per_epoch, 3),
-                          train_loss=round(float(np.mean(running)), 4), seconds=round(time.perf_counter() - began, 1))
-            running = []
-            if heldout is not None:
-                record["heldout"] = evaluate(head, decoder, heldout, columns, cfg, scale)
-                if cfg.keep_best:
-                    best.offer(head, state.step, record["heldout"])
-            state.history.append(record)
-            tqdm.write(json.dumps(record))
-        if state.step % cfg.checkpoint_every == 0 or last:
-            state.seconds = time.perf_counter() - began
-            tmp = checkpoint.with_name(checkpoint.name + ".tmp")
-            torch.save(dict(config=asdict(cfg), head=head.state_dict(), optimizer=optimizer.state_dict(),
-                            state=asdict(state)), tmp)
-            os.replace(tmp, checkpoint)
-    bar.close()
-    state.seconds = time.perf_counter() - began
-    if cfg.keep_best:  # (after the last checkpoint: a resumed run goes on from the last weights)
-        state.best = best.restore(head) or {}
-    return head, state
+    task, state = loop.train(lambda: EagleTask(model, train_shard, heldout, cfg), cfg, work_dir,
+                             resume=resume, max_steps=max_steps, log=log)
+    return task.head, state

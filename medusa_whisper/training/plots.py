@@ -1,9 +1,21 @@
-"""Training curves as a PNG: train and held-out loss, and held-out accuracy per head."""
+"""Training curves: a run's history.json and its PNG, one plot per head type (Medusa heads, EAGLE, CTC)."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
+
+
+def write_curve(history: List[Dict], work_dir: Path, plot: Callable, title: str,
+                best_step: Optional[int] = None) -> None:
+    """``work_dir/history.json`` and, drawn by ``plot`` (one of the functions below), ``work_dir/training.png``."""
+    curve = Path(work_dir) / "history.json"
+    curve.write_text(json.dumps(history, indent=1))
+    if plot(history, Path(work_dir) / "training.png", title=title, best_step=best_step) is None:
+        print(f"no loss plot: matplotlib is not installed (pip install matplotlib); the curve is in {curve}",
+              file=sys.stderr)
 
 
 def _pyplot():
@@ -19,7 +31,8 @@ def _pyplot():
 
 
 def plot_history(history: List[Dict], path: Path, title: str = "", best_step: Optional[int] = None) -> Optional[Path]:
-    """Write the plot; returns None (and writes nothing) when matplotlib is not installed."""
+    """The Medusa heads' curves: train and held-out loss, held-out accuracy per head. Each plot here
+    returns None (and writes nothing) when matplotlib is not installed."""
     plt = _pyplot()
     if plt is None or not history:
         return None
@@ -72,6 +85,41 @@ def plot_eagle_history(history: List[Dict], path: Path, title: str = "", best_st
     right.set_xlabel("step")
     right.set_ylabel("accuracy")
     right.set_ylim(0, 1)
+    mark_best(best_step, left, right)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_ctc_history(history: List[Dict], path: Path, title: str = "", best_step: Optional[int] = None) -> Optional[Path]:
+    """The CTC head's curves: train and held-out loss; the held-out draft's token and character error
+    rates and the replayed tokens per pass; a dotted line at the step whose weights were kept."""
+    plt = _pyplot()
+    if plt is None or not history:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot([h["step"] for h in history], [h["train_loss"] for h in history], label="train")
+    scored = [h for h in history if "heldout" in h]
+    if scored:
+        steps = [h["step"] for h in scored]
+        left.plot(steps, [h["heldout"]["loss"] for h in scored], label="held-out")
+        right.plot(steps, [h["heldout"]["token_error_rate"] for h in scored], color="C3",
+                   label="draft token error rate")
+        right.plot(steps, [h["heldout"]["char_error_rate"] for h in scored], color="C1", label="draft char error rate")
+        right.set_ylim(0, 1)
+        right.set_ylabel("held-out error rate vs the main model's output")
+        twin = right.twinx()
+        twin.plot(steps, [h["heldout"]["tokens_per_pass"] for h in scored], color="C2",
+                  label="tokens per pass (replayed)")
+        twin.set_ylabel("lossless tokens per decoder pass (replayed)")
+        lines = right.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+        right.legend(lines, [ln.get_label() for ln in lines], fontsize=7, loc="center right")
+    left.set_xlabel("step")
+    left.set_ylabel("CTC loss per unit")
+    left.legend()
+    right.set_xlabel("step")
     mark_best(best_step, left, right)
     fig.suptitle(title)
     fig.tight_layout()

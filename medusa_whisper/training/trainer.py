@@ -4,7 +4,7 @@ Losses (paper eq. 1-2 and the reference): head k, applied at position t, is scor
 cross-entropy against token t+k+1; the loss is the plain mean over heads. The base model is
 frozen, so lossless decoding with the trained heads still gives vanilla greedy output.
 
-Three variants, one loop:
+Three variants, one task for the shared loop (``loop.py``):
 
 - ``linear``: heads on the cached post-LayerNorm states ``h``; positions are independent, so they
   are shuffled across windows.
@@ -21,11 +21,7 @@ passed back once: the same gradients, a fraction of the memory.
 
 from __future__ import annotations
 
-import json
-import math
-import random
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -33,10 +29,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from ..heads import MedusaConfig, MedusaHeads
-from ..weights import safe_torch_load
+from . import loop
 from .features import Shard
 
 IGNORE = -100
@@ -223,17 +218,8 @@ def _window_batch(shard: Shard, rows: List[int], num_heads: int, pre_last_needed
     return hidden, pre_last, audio, targets
 
 
-def _batches(cfg: TrainConfig, data, epoch: int) -> List:
-    """The batches of one epoch, in an order fixed by (seed, epoch) so that a resume can skip."""
-    generator = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-    if cfg.per_window:
-        order = torch.randperm(len(data.tokens), generator=generator).tolist()
-        return [order[i : i + cfg.batch_windows] for i in range(0, len(order), cfg.batch_windows)]
-    order = torch.randperm(len(data.targets), generator=generator)
-    return [order[i : i + cfg.batch_positions] for i in range(0, len(order), cfg.batch_positions)]
-
-
 def _forward_batch(trainer: HeadsTrainer, data, batch, backward: bool) -> Dict:
+    """batch : positions of ``data`` (linear heads, an index tensor) or windows (a list of rows)."""
     cfg = trainer.config
     if not cfg.per_window:
         return step_losses(trainer, data.hidden[batch].float(), data.targets[batch], None, backward)
@@ -275,100 +261,62 @@ def evaluate(trainer: HeadsTrainer, data) -> Dict:
                 next_token_accuracy=round(accuracy[0], 4) if trainer.heads.has_base_head else None)
 
 
-# -- the loop -------------------------------------------------------------------------------------------
-
-def _lr_factor(step: int, total: int, warmup: int) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(total - warmup, 1)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
-@dataclass
-class TrainState:
-    step: int = 0
-    history: List[Dict] = field(default_factory=list)
-    seconds: float = 0.0
-    best: Dict = field(default_factory=dict)  # the held-out best whose weights a draft head ends with
-
+# -- what the training loop (loop.py) runs --------------------------------------------------------------
 
 def _prepare(cfg: TrainConfig, shard: Shard):
     return shard if cfg.per_window else linear_examples(shard, cfg.num_heads)
 
 
+class MedusaTask:
+    """The Medusa heads as a ``loop.HeadTask``: the per-head losses, scored on held-out positions."""
+
+    lr_floor = 0.1
+    clip_norm = None  # the heads train unclipped
+    best_metric = None  # the heads end with the last step's weights
+
+    def __init__(self, model, train_shard: Shard, heldout_shard: Optional[Shard], cfg: TrainConfig):
+        self.trainer = self.module = HeadsTrainer(model, cfg)
+        self.cfg = cfg
+        self.config = asdict(cfg)
+        self.description = f"train {cfg.heads_type} x{cfg.num_heads}"
+        self.data = _prepare(cfg, train_shard)
+        self.heldout = _prepare(cfg, heldout_shard) if heldout_shard is not None else None
+        # the linear heads read positions independently, so they are shuffled across windows
+        self.examples = len(self.data.tokens) if cfg.per_window else len(self.data.targets)
+        self.batch_size = cfg.batch_windows if cfg.per_window else cfg.batch_positions
+
+    def param_groups(self) -> List[dict]:
+        groups = [dict(params=list(self.trainer.heads.parameters()), lr=self.cfg.lr)]
+        if self.trainer.last_layer is not None:
+            groups.append(dict(params=list(self.trainer.last_layer.parameters()), lr=self.cfg.last_layer_lr))
+        return groups
+
+    def train_step(self, rows: Tensor, step: int) -> Tuple[float, Dict[str, str]]:
+        batch = rows.tolist() if self.cfg.per_window else rows
+        return _forward_batch(self.trainer, self.data, batch, backward=True)["loss"], {}
+
+    def evaluate(self) -> Optional[Dict]:
+        return evaluate(self.trainer, self.heldout) if self.heldout is not None else None
+
+    def checkpoint_weights(self) -> dict:
+        # the trainable parts only: the frozen layer norm is the base model's
+        return dict(trainer={k: v for k, v in self.trainer.state_dict().items()
+                             if k.startswith(("heads.", "last_layer."))})
+
+    def load_checkpoint_weights(self, saved: dict) -> None:
+        self.trainer.load_state_dict(saved["trainer"], strict=False)
+
+
 def train(model, train_shard: Shard, heldout_shard: Optional[Shard], cfg: TrainConfig, work_dir: Path,
-          resume: bool = True, max_steps: Optional[int] = None, log=print) -> Tuple[HeadsTrainer, TrainState]:
+          resume: bool = True, max_steps: Optional[int] = None, log=print) -> Tuple[HeadsTrainer, loop.TrainState]:
     """Train heads for ``cfg.epochs`` epochs; checkpoints go to ``work_dir/checkpoint.pt``.
 
     max_steps : stop after this global step (the schedule still spans all epochs), e.g. for a test
                 of resuming or to split a long run
     """
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    trainer = HeadsTrainer(model, cfg)
-    groups = [dict(params=list(trainer.heads.parameters()), base_lr=cfg.lr)]
-    if trainer.last_layer is not None:
-        groups.append(dict(params=list(trainer.last_layer.parameters()), base_lr=cfg.last_layer_lr))
-    optimizer = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    data = _prepare(cfg, train_shard)
-    heldout = _prepare(cfg, heldout_shard) if heldout_shard is not None else None
-    steps_per_epoch = len(_batches(cfg, data, 0))
-    total_steps = max(1, int(round(cfg.epochs * steps_per_epoch)))
-    state = TrainState()
-
-    checkpoint = work_dir / "checkpoint.pt"
-    if resume and checkpoint.exists():
-        saved = safe_torch_load(checkpoint)
-        if saved["config"] != asdict(cfg):
-            raise ValueError(f"{checkpoint}: written with other settings; delete it or pass the same options")
-        trainer.load_state_dict(saved["trainer"], strict=False)
-        optimizer.load_state_dict(saved["optimizer"])
-        state = TrainState(**saved["state"])
-        log(f"resuming at step {state.step} of {total_steps}")
-
-    stop = total_steps if max_steps is None else min(total_steps, max_steps)
-    bar = tqdm(total=stop, initial=state.step, desc=f"train {cfg.heads_type} x{cfg.num_heads}", unit="step")
-    began = time.perf_counter() - state.seconds
-    running: List[float] = []
-    while state.step < stop:
-        epoch, index = divmod(state.step, steps_per_epoch)
-        batch = _batches(cfg, data, epoch)[index]
-        for group in optimizer.param_groups:
-            group["lr"] = group["base_lr"] * _lr_factor(state.step, total_steps, cfg.warmup_steps)
-        optimizer.zero_grad(set_to_none=True)
-        stats = _forward_batch(trainer, data, batch, backward=True)
-        optimizer.step()
-        state.step += 1
-        running.append(stats["loss"])
-        bar.update(1)
-        bar.set_postfix(loss=f"{np.mean(running[-20:]):.3f}")
-        last = state.step == stop
-        if state.step % cfg.eval_every == 0 or last:
-            record = dict(step=state.step, epoch=round(state.step / steps_per_epoch, 3),
-                          train_loss=round(float(np.mean(running)), 4), seconds=round(time.perf_counter() - began, 1))
-            running = []
-            if heldout is not None:
-                record["heldout"] = evaluate(trainer, heldout)
-            state.history.append(record)
-            tqdm.write(json.dumps(record))
-        if state.step % cfg.checkpoint_every == 0 or last:
-            state.seconds = time.perf_counter() - began
-            _save_checkpoint(checkpoint, trainer, optimizer, state, cfg)
-    bar.close()
-    state.seconds = time.perf_counter() - began
-    return trainer, state
-
-
-def _save_checkpoint(path: Path, trainer: HeadsTrainer, optimizer, state: TrainState, cfg: TrainConfig) -> None:
-    import os
-
-    trainable = {k: v for k, v in trainer.state_dict().items() if k.startswith(("heads.", "last_layer."))}
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(dict(config=asdict(cfg), trainer=trainable, optimizer=optimizer.state_dict(),
-                    state=asdict(state)), tmp)
-    os.replace(tmp, path)
+    task, state = loop.train(lambda: MedusaTask(model, train_shard, heldout_shard, cfg), cfg, work_dir,
+                             resume=resume, max_steps=max_steps, log=log)
+    return task.trainer, state
 
 
 def heads_file(trainer: HeadsTrainer, model, base_model: str, record: Dict) -> Dict:
