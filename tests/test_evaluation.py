@@ -157,9 +157,9 @@ def test_bench_runs_openai_whisper_and_faster_whisper_and_says_what_it_skipped(t
                                                [str(DATA / "espeak_weather.flac"), TRANSCRIPTS["espeak_weather"],
                                                 "real"]], header=("audio", "sentence", "bucket"))
     env = dict(os.environ, MEDUSA_WHISPER_HEADS_DIR=str(tmp_path / "no_heads"))
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), "--model", "tiny.en", "--quick",
+    done = subprocess.run([sys.executable, "-m", "tools.bench", "run", "--model", "tiny.en", "--quick",
                            "--clips", str(clips), "--threads", THREADS, "--out", str(tmp_path / "out")],
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "out" / "bench_quick.json").read_text())
     rows = {r["system"]: r for r in result["rows"]}
@@ -176,17 +176,9 @@ def test_bench_runs_openai_whisper_and_faster_whisper_and_says_what_it_skipped(t
     assert (tmp_path / "out" / "speedup_by_length_quick.png").stat().st_size > 10_000
 
 
-def _tool(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_paired_bootstrap_separates_a_worse_system_and_not_an_equal_one():
-    wer_compare = _tool("wer_compare")
+    from tools.bench import wer_compare
+
     refs = [f"the cat sat on mat number {i}" for i in range(60)]
     same = {f"{i}.flac": (r, r) for i, r in enumerate(refs)}
     # one word wrong in every second recording: 30 errors in 420 words
@@ -204,7 +196,8 @@ def test_paired_bootstrap_separates_a_worse_system_and_not_an_equal_one():
 
 
 def test_bench_long_checks_each_compute_type_against_its_own_greedy_output():
-    bench_long = _tool("bench_long")
+    from tools.bench import long as bench_long
+
     rows = {r["name"]: r for r in bench_long.systems("base")}
     whisper_row = "openai-whisper transcribe"
     assert rows["medusa_whisper off"]["reference"] == whisper_row

@@ -153,12 +153,12 @@ def test_cli_exports_and_bad_input_is_one_line(tmp_path, capsys):
 
 
 # whisper.cpp runs in a subprocess: its wheel brings its own libgomp, which slows PyTorch for the
-# rest of a process (tools/bench_systems.py), and a GGML_ASSERT would abort pytest itself.
+# rest of a process (tools/bench/systems.py), and a GGML_ASSERT would abort pytest itself.
 WHISPER_CPP = """
 import json, sys
 import soundfile
 sys.path.insert(0, sys.argv[3])
-from bench_systems import whisper_cpp_system
+from tools.bench.systems import whisper_cpp_system
 system = whisper_cpp_system("test", __import__("pathlib").Path(sys.argv[1]), threads=2)
 if system.run is None:
     sys.exit(system.note)
@@ -169,7 +169,7 @@ print(json.dumps(system.run(audio).__dict__))
 
 def test_whisper_cpp_transcribes_our_file_as_openai_whisper(model, files):
     pytest.importorskip("pywhispercpp", reason="whisper.cpp's bindings (the test extra installs them)")
-    done = subprocess.run([sys.executable, "-c", WHISPER_CPP, str(files["f16"]), str(CLIP), str(ROOT / "tools")],
+    done = subprocess.run([sys.executable, "-c", WHISPER_CPP, str(files["f16"]), str(CLIP), str(ROOT)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     run = json.loads(done.stdout.strip().splitlines()[-1])

@@ -163,3 +163,15 @@ def late():
                      "medusa_whisper", "medusa_whisper.masks"}
     assert find_cycle({"a": [Import("b", 1)], "b": [Import("c", 1)], "c": [Import("a", 1)]}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": [Import("b", 1)], "b": []}) is None
+
+
+def test_the_package_never_imports_the_repository_tools():
+    """tools/ (python -m tools.bench, tools.data) sits above everything and is not installed with the wheel."""
+    offenders = []
+    for module, path in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(name == "tools" or name.startswith("tools.") for name in names):
+                offenders.append(f"{module}:{node.lineno}")
+    assert not offenders, "medusa_whisper imports tools: " + ", ".join(offenders)

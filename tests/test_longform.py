@@ -1,7 +1,7 @@
 """Long audio: the spectrogram a window at a time, audio read by range, and long-form output equal
 to whisper.transcribe's, through the real CLI with every output format.
 
-The long recording is built by tools/make_long_audio.py from the bundled clips: five minutes of
+The long recording is built by tools/data/long_audio.py from the bundled clips: five minutes of
 speech with pauses of 0.2-3 s and a 40-s silence every 12 clips (whole windows without speech).
 """
 
@@ -23,11 +23,9 @@ from medusa_whisper.audio import AudioSamples, load_audio, open_audio
 from medusa_whisper.cli import main
 from medusa_whisper.mel import SCAN_FRAMES, LogMelFrames
 
-ROOT = Path(__file__).parent.parent
-DATA = Path(__file__).parent / "data"
-sys.path.insert(0, str(ROOT / "tools"))
+from tools.data import long_audio as make_long_audio
 
-import make_long_audio  # noqa: E402
+DATA = Path(__file__).parent / "data"
 
 SEGMENT_KEYS = ("seek", "start", "end", "text", "tokens", "temperature")
 

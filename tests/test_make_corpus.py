@@ -1,4 +1,4 @@
-"""tools/make_corpus.py: a tiny corpus in the agreed CSV layout, 16 kHz mono, disjoint splits, resumable."""
+"""tools/data/corpus.py: a tiny corpus in the agreed CSV layout, 16 kHz mono, disjoint splits, resumable."""
 
 import csv
 import subprocess
@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import soundfile as sf
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
+from tools.data import corpus as make_corpus
 
-import make_corpus  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 _MISSING = make_corpus.missing_requirements()
 needs_engines = pytest.mark.skipif(bool(_MISSING), reason="not installed: " + "; ".join(_MISSING))
@@ -31,9 +30,9 @@ def test_splits_share_neither_documents_sentences_nor_voices():
 @pytest.mark.slow
 @needs_engines
 def test_a_small_corpus_is_16k_mono_flac_with_its_csv_and_resumes(tmp_path):
-    argv = [sys.executable, str(ROOT / "tools" / "make_corpus.py"), "--out", str(tmp_path),
+    argv = [sys.executable, "-m", "tools.data", "corpus", "--out", str(tmp_path),
             "--train-minutes", "0.4", "--heldout-minutes", "0.25", "--jobs", "2"]
-    subprocess.run(argv, check=True, capture_output=True)
+    subprocess.run(argv, check=True, capture_output=True, cwd=ROOT)
     splits = {}
     for split in make_corpus.SPLITS:
         with (tmp_path / f"{split}.csv").open(newline="") as f:
@@ -55,13 +54,13 @@ def test_a_small_corpus_is_16k_mono_flac_with_its_csv_and_resumes(tmp_path):
     # a second run is a resume: the same CSVs, nothing re-synthesised
     before = {s: (tmp_path / f"{s}.csv").read_text() for s in make_corpus.SPLITS}
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*.flac")}
-    subprocess.run(argv, check=True, capture_output=True)
+    subprocess.run(argv, check=True, capture_output=True, cwd=ROOT)
     assert {s: (tmp_path / f"{s}.csv").read_text() for s in make_corpus.SPLITS} == before
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*.flac")} == stamps
 
     # a damaged file is made again
     victim = tmp_path / splits["train"][0]["audio"]
     victim.write_bytes(b"not audio")
-    subprocess.run(argv + ["--only", "train"], check=True, capture_output=True)
+    subprocess.run(argv + ["--only", "train"], check=True, capture_output=True, cwd=ROOT)
     assert sf.info(str(victim)).samplerate == 16000
     assert (tmp_path / "train.csv").read_text() == before["train"]

@@ -1,4 +1,4 @@
-"""tools/make_speech.py: exclusion of the evaluation texts, augmentation that changes the audio,
+"""tools/data/speech.py: exclusion of the evaluation texts, augmentation that changes the audio,
 neural voices that say the text, and a small corpus's layout, disjoint splits and resume."""
 
 import csv
@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
+from tools.data import corpus as make_corpus
+from tools.data import speech as make_speech
+from tools.data import speech_text
 
-import make_corpus  # noqa: E402
-import make_speech  # noqa: E402
-import speech_text  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 JFK = ("And so my fellow Americans, ask not what your country can do for you, "
        "ask what you can do for your country.")
@@ -212,9 +211,9 @@ def test_a_small_corpus_layout_splits_resume_and_exclusion(tmp_path):
     victim = pool[0].text
     with (real / "real.csv").open("w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows([["audio", "sentence", "language"], ["a.flac", JFK, "en"], ["b.flac", victim, "en"]])
-    argv = [sys.executable, str(ROOT / "tools" / "make_speech.py"), "--out", str(out), "--real", str(real),
+    argv = [sys.executable, "-m", "tools.data", "speech", "--out", str(out), "--real", str(real),
             "--train-minutes", "1.2", "--heldout-minutes", "0.4", "--ready-minutes", "0.5"]
-    run = subprocess.run(argv, capture_output=True, text=True)
+    run = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     assert (out / "READY").exists() and (out / "DONE").exists() and (out / "SUMMARY.md").exists()
     splits = {}
@@ -236,14 +235,14 @@ def test_a_small_corpus_layout_splits_resume_and_exclusion(tmp_path):
     # a second run is a resume: the same CSVs, nothing re-synthesised
     before = {s: (out / f"{s}.csv").read_text() for s in make_speech.SPLITS}
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*.flac")}
-    assert subprocess.run(argv, capture_output=True).returncode == 0
+    assert subprocess.run(argv, capture_output=True, cwd=ROOT).returncode == 0
     assert {s: (out / f"{s}.csv").read_text() for s in make_speech.SPLITS} == before
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.flac")} == stamps
 
 
 def test_missing_transcripts_is_one_line_and_exit_1(tmp_path):
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "make_speech.py"), "--out", str(tmp_path / "o"),
-                          "--real", str(tmp_path), "--engines", "espeak-ng"], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "tools.data", "speech", "--out", str(tmp_path / "o"),
+                          "--real", str(tmp_path), "--engines", "espeak-ng"], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 1
     assert run.stderr.count("\n") == 1 and "make_speech: error:" in run.stderr and "Traceback" not in run.stderr
     if not make_speech.missing_requirements(["espeak-ng"]):

@@ -15,9 +15,9 @@ from medusa_whisper.vad_filter import KeptSpeech
 from medusa_whisper.audio import load_audio
 from medusa_whisper.cli import main
 
+from tools.data import long_audio as make_long_audio
+
 DATA = Path(__file__).parent / "data"
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import make_long_audio  # noqa: E402
 
 SECOND = vad.SAMPLE_RATE
 

@@ -1,15 +1,14 @@
-#!/usr/bin/env python
 """Ship a trained draft head (CTC or EAGLE) under weights/: the head (fp16), its record, its curve.
 
 The record of the training run (command, data, time, held-out figures) is kept; for a CTC head the
-proposer's settings chosen for this head and base model (``--decoding``; not the pass costs, which are
-measured where it runs) are stored with it; a
-report on real recordings (tools/ctc_report.py or tools/drafters_report.py JSON) can be added to the
+proposer's settings chosen for this head and base model (``--decoding``; not the pass costs, which
+are measured where it runs) are stored with it; a
+report on real recordings (python -m tools.bench ctc or drafters JSON) can be added to the
 record (``--report``). Half precision halves the file; a drafter's weights cannot change what
 lossless decoding outputs, only how many of its proposals are accepted.
 
-    python tools/ship_draft_head.py data/runs/base-eagle.pt --name base-eagle --plot data/runs/base-eagle.work/training.png
-    python tools/ship_draft_head.py data/train/base-ctc.pt --name base-ctc --plot data/train/base-ctc.work/training.png \\
+    python -m tools.ship_draft_head data/runs/base-eagle.pt --name base-eagle --plot data/runs/base-eagle.work/training.png
+    python -m tools.ship_draft_head data/train/base-ctc.pt --name base-ctc --plot data/train/base-ctc.work/training.png \\
         --decoding '{"timestamps": "repeat"}' --report bench_out/ctc_report_base.json
 """
 
@@ -18,17 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from medusa_whisper.drafting.ctc_proposer import DraftSettings
+from medusa_whisper.loading import load_heads
+from tools import ROOT
 
-from medusa_whisper.drafting.ctc_proposer import DraftSettings  # noqa: E402
-from medusa_whisper.loading import load_heads  # noqa: E402
-
-WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS = ROOT / "weights"
 
 
 def main() -> None:
@@ -38,7 +35,7 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=None, help="the run's training.png")
     parser.add_argument("--decoding", type=json.loads, default=None, help="proposer settings (JSON) to store")
     parser.add_argument("--report", type=Path, action="append", default=[],
-                        help="a tools/ctc_report.py or drafters_report.py JSON whose summary goes into the record (repeatable)")
+                        help="a python -m tools.bench ctc or drafters JSON whose summary goes into the record (repeatable)")
     args = parser.parse_args()
 
     heads = load_heads(args.heads)

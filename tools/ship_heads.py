@@ -4,7 +4,7 @@ Heads are independent of each other (Medusa-Linear), or share only the block tha
 (Medusa-Block), so the first K heads of a model trained with more are a valid K-head model: the
 head count can be chosen by measurement after one training run.
 
-    python tools/ship_heads.py data/train/tiny.en-linear20.pt --heads 5 --name tiny.en-medusa \\
+    python -m tools.ship_heads data/train/tiny.en-linear20.pt --heads 5 --name tiny.en-medusa \\
         --report bench_out/heads_tiny.en.json --plot data/train/tiny.en-linear20.work/training.png
 """
 
@@ -14,16 +14,14 @@ import argparse
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from medusa_whisper.loading import load_heads
+from tools import ROOT
 
-from medusa_whisper.loading import load_heads  # noqa: E402
-
-WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS = ROOT / "weights"
 
 
 def truncate(heads: dict, k: int) -> dict:

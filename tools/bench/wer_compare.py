@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Is one system's WER really lower than another's? Paired bootstrap over the same recordings.
 
 A WER gap of a point on 20 or 40 clips is a handful of words; whether it says anything about the
@@ -13,7 +12,7 @@ faster-whisper run here on the same CSV (greedy, temperature 0, no VAD, no times
 conditioning, and none of its fallback thresholds: what ``make bench`` runs), with whisper's
 English text normaliser, as ``eval`` scores.
 
-    python tools/wer_compare.py --data data/real/real.csv --model base \\
+    python -m tools.bench wer --data data/real/real.csv --model base \\
         --ours "int8=/tmp/wer/ours_int8.csv" --ours "float32=/tmp/wer/ours_fp32.csv" \\
         --faster-whisper int8 --faster-whisper float32 --out docs/compute/wer_real_base
 """
@@ -25,15 +24,11 @@ import csv
 import json
 import sys
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Tuple
 
 import jiwer
 import numpy as np
 from tqdm import tqdm
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
 
 def read_ours(path: Path) -> Dict[str, Tuple[str, str]]:
@@ -51,10 +46,10 @@ def run_faster_whisper(data: Path, model: str, compute_type: str, threads: int) 
     """audio -> (normalised reference, normalised hypothesis) from make bench's faster-whisper system."""
     from whisper.normalizers import EnglishTextNormalizer
 
-    from bench_systems import faster_whisper_system
     from medusa_whisper import weights
     from medusa_whisper.audio import load_audio
     from medusa_whisper.evaluation import read_eval_csv
+    from tools.bench.systems import faster_whisper_system
 
     normalise = EnglishTextNormalizer()
     rows, problems = read_eval_csv(data)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Synthesise an English speech corpus for Medusa-head training and evaluation.
 
 No speech dataset can be downloaded here, so speech is made from freely licensed text that
@@ -29,8 +28,8 @@ The held-out split shares neither text nor voices with training: whole fortune f
 books are held out, and so are some voices of every engine (flite's slt and festival's
 slt_arctic_hts are one speaker, held out together). Both are asserted disjoint.
 
-    python tools/make_corpus.py --out data/corpus               # 240 + 25 minutes, ~15 min on 2 cores
-    python tools/make_corpus.py --out /tmp/c --train-minutes 2 --heldout-minutes 1
+    python -m tools.data corpus --out data/corpus               # 240 + 25 minutes, ~15 min on 2 cores
+    python -m tools.data corpus --out /tmp/c --train-minutes 2 --heldout-minutes 1
 
 Writes DIR/train.csv and DIR/heldout.csv (audio, sentence, language, engine, voice, seconds;
 audio paths relative to DIR) and the audio under DIR/train/ and DIR/heldout/. A split holds the

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Long-form speed: medusa_whisper's transcribe against whisper.transcribe on one long file, one run.
 
 Every system transcribes the same file with the same weights and whisper's default options
@@ -6,7 +5,7 @@ Every system transcribes the same file with the same weights and whisper's defau
 after a short warm-up; the table gives the median wall time, the ratio to whisper.transcribe,
 tokens per decoder step (timestamps included), and whether the segments equal whisper's.
 
-    python tools/bench_long.py --audio data/long/real_8min.flac --model tiny.en --out bench_out/long_tiny.en
+    python -m tools.bench long --audio data/long/real_8min.flac --model tiny.en --out bench_out/long_tiny.en
 """
 
 from __future__ import annotations
@@ -25,16 +24,15 @@ import torch
 import whisper
 from whisper.normalizers import EnglishTextNormalizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import medusa_whisper  # noqa: E402
-from medusa_whisper.audio import load_audio  # noqa: E402
-from medusa_whisper.weights import missing_heads  # noqa: E402
+import medusa_whisper
+from medusa_whisper.audio import load_audio
+from medusa_whisper.weights import missing_heads
 
 SEGMENT_KEYS = ("seek", "start", "end", "text", "tokens")
 normalise = EnglishTextNormalizer()
 
 
-# decoding options of the draft heads, as make bench runs them (tools/bench.py)
+# decoding options of the draft heads, as make bench runs them (tools/bench/run.py)
 HEAD_OPTIONS = {"-medusa": {}, "-medusa-block": {}, "-eagle": dict(draft_tokens=2), "-ctc": {}}
 INT8_OPTIONS = {"-medusa": dict(tree_width=3, tree_nodes=10), "-eagle": dict(draft_tokens=2), "-ctc": {},
                 "-ctc+eagle": dict(draft_tokens=2)}
@@ -134,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             results[row["name"]] = run["result"]
             print(f"round {round_index + 1}: {row['name']}: {run['seconds']:.1f} s", file=sys.stderr, flush=True)
 
-    # the file's transcript, when tools/make_long_audio.py wrote one beside it: WER per row
+    # the file's transcript, when python -m tools.data long wrote one beside it: WER per row
     transcript = args.audio.with_suffix(".txt")
     reference = normalise(transcript.read_text()) if transcript.is_file() else None
 
@@ -142,7 +140,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return [{k: s[k] for k in SEGMENT_KEYS} for s in results[name]["segments"]]
 
     # faster-whisper last: once CTranslate2 has run in a process, PyTorch in it is slower (see
-    # bench_systems.isolated_faster_whisper_system), so no PyTorch row may come after it
+    # tools.bench.systems.isolated_faster_whisper_system), so no PyTorch row may come after it
     fw_rows = []
     for compute_type in filter(None, args.faster_whisper.split(",")):
         try:

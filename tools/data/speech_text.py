@@ -1,14 +1,14 @@
-"""Text for tools/make_speech.py: what the voices read, and the evaluation texts they must never read.
+"""Text for tools/data/speech.py: what the voices read, and the evaluation texts they must never read.
 
 Three sources, split into train and held-out with no sentence in both:
-- Debian ``fortunes`` and the King James Bible, exactly as tools/make_corpus.py cleans, groups and
+- Debian ``fortunes`` and the King James Bible, exactly as tools/data/corpus.py cleans, groups and
   splits them (whole fortune files and Bible books held out).
 - Everyday sentences written for this project (below; MIT like the project): names, times, dates,
   prices, phone numbers, counts, addresses and questions, which the other two sources lack
   (make_corpus drops every sentence with a digit). Templates are split between train and held-out,
   so a held-out sentence is never a train sentence with other slots filled in.
 
-The real recordings that the benchmark scores (data/real, made by tools/fetch_real_speech.py) and
+The real recordings that the benchmark scores (data/real, made by python -m tools.data real) and
 their texts must never enter training: ``Exclusion`` reads every transcript in data/real/*.csv
 (JFK's inaugural line, the ALSA channel names, the Asterisk prompts, the LibriVox Sense and
 Sensibility sentences, Shakespeare's Sonnet 1, praatio's and pocketsphinx's utterances, the CMU
@@ -24,8 +24,8 @@ import re
 from pathlib import Path
 from typing import Dict, Iterable, List, Sequence, Set, Tuple
 
-import make_corpus
-from make_corpus import Utterance
+from tools.data import corpus
+from tools.data.corpus import Utterance
 
 # an utterance sharing this many consecutive words with an evaluation transcript is dropped
 EXCLUDE_NGRAM = 5
@@ -59,7 +59,7 @@ class Exclusion:
                 sentences += [row["sentence"] for row in csv.DictReader(f) if row.get("sentence")]
         if not sentences:
             raise ValueError(f"{real_dir}: no transcripts of the evaluation recordings to exclude "
-                             "(run tools/fetch_real_speech.py first, or pass --real DIR)")
+                             "(run python -m tools.data real first, or pass --real DIR)")
         return cls(sentences)
 
     def __len__(self) -> int:
@@ -193,7 +193,7 @@ def speech_pool(split: str, docs: Dict, exclusion: Exclusion, rng: random.Random
                 banned: Sequence[str] = ()) -> Tuple[List[Utterance], int]:
     """The split's utterances in a seeded order, and how many were dropped for coming too close to
     an evaluation transcript (or, with `banned`, for repeating another split's text)."""
-    pool = make_corpus.utterance_pool(docs, rng)
+    pool = corpus.utterance_pool(docs, rng)
     pool += template_utterances(split, round(len(pool) * EVERYDAY_SHARE / (1 - EVERYDAY_SHARE)), rng)
     rng.shuffle(pool)
     banned_words = {" ".join(words(t)) for t in banned}

@@ -5,7 +5,7 @@ in turn as make bench does; never used in training) once with the encoder, then,
 output and interleaved clip by clip, with whisper.decode greedy and with each system. A system is a
 model name with optional decoding options after a colon:
 
-    python tools/drafters_report.py --systems base:off base-medusa base-medusa:tree_width=3,tree_nodes=10 \\
+    python -m tools.bench drafters --systems base:off base-medusa base-medusa:tree_width=3,tree_nodes=10 \\
         base-eagle base-eagle:tree_width=3,draft_tokens=6 base-ctc@int8 --clips 40 --out bench_out/drafters_base
 
 ``NAME@TYPE`` loads the model at that compute type (int8, bfloat16); every system decodes the float32
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -29,13 +28,10 @@ import torch
 import whisper
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-
-import medusa_whisper  # noqa: E402
-from medusa_whisper.audio import load_audio  # noqa: E402
-from medusa_whisper.weights import split_medusa_name  # noqa: E402
+import medusa_whisper
+from medusa_whisper.audio import load_audio
+from medusa_whisper.weights import split_medusa_name
+from tools import ROOT
 
 
 def parse_system(text: str) -> Tuple[str, Dict]:
@@ -62,7 +58,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
     args = parser.parse_args()
 
-    from bench import _real_records
+    from tools.bench.run import _real_records
 
     torch.set_num_threads(args.threads)
     systems = [parse_system(s) for s in args.systems]

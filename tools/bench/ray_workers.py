@@ -1,13 +1,13 @@
 """Files per minute and real-time factor of `transcribe --ray` against one process, on the same files.
 
 Runs the real command line, one configuration after the other, on the N longest real recordings
-(tools/fetch_real_speech.py), each into a fresh output folder:
+(python -m tools.data real), each into a fresh output folder:
 - one process, --threads 2 (what a single machine does without Ray);
 - --ray with 1 worker of 1 thread, and with 2 workers of 1 thread (a local Ray on this machine).
 Wall time is the whole command (Ray start and model loading included), as a user waits for it.
 The outputs of every configuration are compared with the one-process run's, byte for byte.
 
-    python tools/ray_bench.py --model base --files 20 --out docs/ray
+    python -m tools.bench ray --model base --files 20 --out docs/ray
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools import ROOT
 
 CONFIGS = [
     ("one process, 2 threads", ["--threads", "2"]),

@@ -1,7 +1,7 @@
 """Throughput of an archive of real recordings against batch size, beside faster-whisper one by one.
 
-    python tools/bench_batch.py --model base --compute-type int8 --threads 2 --files 64 --batch-sizes 1,4,8,16
-    python tools/bench_batch.py --long data/long/real_8min.flac --batch-sizes 4,8,16
+    python -m tools.bench batch --model base --compute-type int8 --threads 2 --files 64 --batch-sizes 1,4,8,16
+    python -m tools.bench batch --long data/long/real_8min.flac --batch-sizes 4,8,16
 
 Each system transcribes the same files (the longest ``--files`` of data/real, whole files, whisper's
 transcribe defaults with greedy decoding: temperature fallback on, beam search off) in a fresh
@@ -10,7 +10,7 @@ audio seconds per wall second, speed against faster-whisper int8, WER against th
 how many files have the same text as our ``--batch-size 1``, and peak RSS. Writes JSON and Markdown
 (``--out``) and a plot of throughput against batch size.
 
-``--long FILE``: one long recording (its transcript beside it, FILE.txt, as make_long_audio.py
+``--long FILE``: one long recording (its transcript beside it, FILE.txt, as python -m tools.data long
 writes it) instead: faster-whisper window after window and its ``BatchedInferencePipeline`` (VAD
 chunks side by side) at each batch size, both with the long silences left out first (its
 ``vad_filter``, our ``--vad-filter``), our sequential ``transcribe`` and our ``--vad-chunks`` at
@@ -24,12 +24,12 @@ import csv
 import json
 import resource
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools import ROOT, module_command, module_env
+
 REAL = ROOT / "data" / "real" / "real.csv"
 
 
@@ -50,7 +50,6 @@ def worker(args) -> None:
     if args.worker.startswith("faster-whisper"):
         from faster_whisper import WhisperModel
 
-        sys.path.insert(0, str(ROOT))
         from medusa_whisper import weights
 
         model = WhisperModel(str(weights.ctranslate2_dir(args.model)), device="cpu", compute_type=args.compute_type,
@@ -69,7 +68,6 @@ def worker(args) -> None:
                                                vad_filter=args.worker == "faster-whisper-vad-filter")
             texts.append("".join(s.text for s in segments))
     else:
-        sys.path.insert(0, str(ROOT))
         import medusa_whisper
 
         model = medusa_whisper.load_model(args.model, device="cpu", compute_type=args.compute_type)
@@ -90,9 +88,10 @@ def worker(args) -> None:
 
 
 def run_system(args, worker_name: str, batch_size: int, files_json: Path) -> dict:
-    command = [sys.executable, __file__, "--worker", worker_name, "--files-json", str(files_json), "--model", args.model,
-               "--compute-type", args.compute_type, "--threads", str(args.threads), "--batch-size", str(batch_size)]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    command = module_command("tools.bench.batch", "--worker", worker_name, "--files-json", files_json, "--model",
+                             args.model, "--compute-type", args.compute_type, "--threads", args.threads,
+                             "--batch-size", batch_size)
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=module_env()).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -116,7 +115,6 @@ def main() -> None:
         worker(args)
         return
 
-    sys.path.insert(0, str(ROOT))
     from medusa_whisper.evaluation import corpus_scores, normalizer
     from medusa_whisper.routes import isa_features, machine_id
 

@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """Decoder time of medusa_whisper against whisper.decode greedy, on the same weights, in one run.
 
 Both decoders get the same encoder output (so only decoder time is measured), runs are
 interleaved (A, B, A, B, ...) so that drift of the machine hits both alike, and a warm-up round is
 not counted. Prints per-mode totals and the ratio ours / whisper's with its spread over rounds.
 
-    python tools/decoder_speed.py --model tiny.en --mode off --rounds 5
+    python -m tools.bench speed --model tiny.en --mode off --rounds 5
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import soundfile
 import torch
@@ -22,8 +20,9 @@ from whisper.decoding import DecodingOptions
 
 import medusa_whisper
 from medusa_whisper import MedusaConfig
+from tools import ROOT
 
-CLIPS = sorted((Path(__file__).resolve().parent.parent / "tests" / "data").glob("*.flac"))
+CLIPS = sorted((ROOT / "tests" / "data").glob("*.flac"))
 
 
 def timed(fn):

@@ -7,22 +7,18 @@ per layer shape of the named model and for 1-16 rows, the median of:
 - ``b + W @ x.T`` (routes.weight_times_rows, one row multiplied as two),
 with enough distinct copies of each weight (about 200 MB) that they come from memory, as in a pass.
 
-    python tools/matmul_rows.py --model base --threads 2
+    python -m tools.bench rows --model base --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from medusa_whisper.routes import weight_times_rows  # noqa: E402
+from medusa_whisper.routes import weight_times_rows
 
 DIMS = {"tiny.en": (384, 51864), "base": (512, 51865), "small": (768, 51865)}
 

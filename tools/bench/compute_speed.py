@@ -1,6 +1,6 @@
 """What one pass costs at each compute type: decoder passes of 1 and 8 rows, the encoder, load time.
 
-    python tools/compute_speed.py --model base --compute-types float32,int8,bfloat16 --threads 2
+    python -m tools.bench compute-speed --model base --compute-types float32,int8,bfloat16 --threads 2
 
 - decoder: one pass of our decoder (``decoder_hidden`` + vocabulary projection) over M new rows
   after a cache of 60 tokens, on the encoder output of a real recording; M = 1 and 8.
@@ -18,18 +18,17 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import whisper
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import medusa_whisper  # noqa: E402
-from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project  # noqa: E402
+import medusa_whisper
+from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project
+from tools import ROOT
 
-AUDIO = Path(__file__).resolve().parent.parent / "tests" / "data" / "real" / "jfk.flac"
+AUDIO = ROOT / "tests" / "data" / "real" / "jfk.flac"
 
 
 CLOCK = time.perf_counter

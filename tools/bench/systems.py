@@ -1,7 +1,7 @@
 """The systems `make bench` compares, each one callable on a 16-kHz float32 array of up to 30 s.
 
 Every system is built by a function that imports only what that system needs, so that the memory
-probe (``python tools/bench_systems.py --probe SYSTEM ...``, run in a fresh process per system)
+probe (``python -m tools.bench.systems --probe SYSTEM ...``, run in a fresh process per system)
 measures faster-whisper and whisper.cpp without torch and openai-whisper without CTranslate2.
 
 Times, the same for every system:
@@ -22,9 +22,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from tools import module_command, module_env
 
 VANILLA = "openai-whisper greedy"
 
@@ -179,8 +177,8 @@ def _isolated_system(name: str, serve_args: List[str], note: str) -> System:
     import json
     import subprocess
 
-    argv = [sys.executable, str(Path(__file__).resolve()), *serve_args]
-    worker = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    worker = subprocess.Popen(module_command("tools.bench.systems", *serve_args), env=module_env(),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     first = worker.stdout.readline().decode().strip()
     if first != "ready":
         worker.kill()
@@ -506,8 +504,13 @@ def probe_main(argv: Optional[List[str]] = None) -> None:
     print(f"peak_rss_mb {peak_rss_mb():.1f}")
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """``--serve`` (a worker of ``_isolated_system``) or ``--probe`` (one system's peak memory)."""
     if "--serve" in sys.argv[1:]:
         serve_main(sys.argv[1:])
     else:
         probe_main()
+
+
+if __name__ == "__main__":
+    main()

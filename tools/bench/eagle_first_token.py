@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Where an EAGLE head's first drafted token goes wrong: teacher-forced, by kind of token.
 
 For each recording (real ones from data/real by default, as make bench picks them; never used in
@@ -9,7 +8,7 @@ right or not (top 1 and top 5 over the head's shortlist), whether the target is 
 all, whether a projection over the whole vocabulary would have got it, and the kind of token (a word
 start, a word's continuation, punctuation, or a special token such as end-of-text).
 
-    python tools/eagle_first_token.py --model base-eagle --clips 30
+    python -m tools.bench eagle --model base-eagle --clips 30
 """
 
 from __future__ import annotations
@@ -17,20 +16,16 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 from pathlib import Path
 
 import torch
 import whisper
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-
-import medusa_whisper  # noqa: E402
-from medusa_whisper.audio import load_audio  # noqa: E402
-from medusa_whisper.training.features import teacher_forced_states  # noqa: E402
+import medusa_whisper
+from medusa_whisper.audio import load_audio
+from medusa_whisper.training.features import teacher_forced_states
+from tools import ROOT
 
 
 def kind_of(token: int, tokenizer) -> str:
@@ -52,7 +47,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="also write the counts as JSON here")
     args = parser.parse_args()
-    from bench import _real_records
+    from tools.bench.run import _real_records
 
     torch.set_num_threads(args.threads)
     model = medusa_whisper.load_model(args.model, device="cpu")

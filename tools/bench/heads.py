@@ -6,7 +6,7 @@ with Medusa decoding for each requested number of heads and mode, interleaved, a
 tokens per decoder step, per-head acceptance, identical-output share and the decoder-time ratio
 against whisper.decode (median over windows of per-window ratios, with the 10-90 % spread).
 
-    python tools/heads_report.py --model tiny.en-medusa --data data/corpus/heldout.csv \\
+    python -m tools.bench heads --model tiny.en-medusa --data data/corpus/heldout.csv \\
         --heads 1 2 3 4 5 10 --modes lossless typical --out bench_out/heads_tiny.en-medusa
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,10 +24,8 @@ import torch
 import whisper
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import medusa_whisper  # noqa: E402
-from medusa_whisper.training import windows  # noqa: E402
+import medusa_whisper
+from medusa_whisper.training import windows
 
 
 def main() -> None:

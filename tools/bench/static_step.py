@@ -1,6 +1,6 @@
 """A static-shape decoder step, eager and compiled, beside the package's pass (an experiment).
 
-    python tools/static_step.py --model base --compute-type int8 --rows 1,8 --compile
+    python -m tools.bench static-step --model base --compute-type int8 --rows 1,8 --compile
 
 The package's pass (``decoder.decoder_hidden`` + ``decoder.project``) runs whisper's modules with
 explicit positions and masks, so shapes and Python work vary per pass. This file writes one decoder
@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Callable, Dict, List
 
 import torch
@@ -28,13 +26,13 @@ import torch.nn.functional as F
 import whisper
 from torch import Tensor
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import medusa_whisper  # noqa: E402
-from medusa_whisper.compute import Int8Linear  # noqa: E402
-from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project  # noqa: E402
-from medusa_whisper.routes import isa_features, machine_id  # noqa: E402
+import medusa_whisper
+from medusa_whisper.compute import Int8Linear
+from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.routes import isa_features, machine_id
+from tools import ROOT
 
-AUDIO = Path(__file__).resolve().parent.parent / "tests" / "data" / "real" / "jfk.flac"
+AUDIO = ROOT / "tests" / "data" / "real" / "jfk.flac"
 
 
 def _product(layer) -> Callable[[Tensor], Tensor]:

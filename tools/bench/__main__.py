@@ -1,0 +1,25 @@
+"""Every measurement of medusa_whisper, one subcommand each; results go to bench_out/ unless --out
+says otherwise. The Makefile's bench targets run these."""
+
+from tools.commands import Command, dispatch
+
+COMMANDS = {
+    "run": Command("tools.bench.run", "make bench, bench-quick, bench-setup: every system a user could pick"),
+    "long": Command("tools.bench.long", "make bench-long: long-form transcribe against whisper.transcribe"),
+    "pass": Command("tools.bench.decoder_pass", "make bench-pass: one decoder pass, beside the floor its bytes set"),
+    "batch": Command("tools.bench.batch", "make bench-batch: archive throughput against --batch-size"),
+    "speed": Command("tools.bench.decoder_speed", "make speed: our decoder against whisper.decode greedy"),
+    "compute-speed": Command("tools.bench.compute_speed", "one pass and the encoder at each compute type"),
+    "compute-decode": Command("tools.bench.compute_decode", "decoder time per compute type, and the exact mode"),
+    "drafters": Command("tools.bench.drafters", "every proposer on the same real recordings"),
+    "heads": Command("tools.bench.heads", "held-out figures of trained Medusa heads"),
+    "ctc": Command("tools.bench.ctc", "a CTC draft head on recordings"),
+    "eagle": Command("tools.bench.eagle_first_token", "where an EAGLE head's first drafted token goes wrong"),
+    "ray": Command("tools.bench.ray_workers", "transcribe --ray against one process"),
+    "rows": Command("tools.bench.matmul_rows", "x @ W.T or W @ x.T for a decoder step's few rows on this CPU"),
+    "static-step": Command("tools.bench.static_step", "a static-shape decoder step, eager and compiled"),
+    "wer": Command("tools.bench.wer_compare", "paired bootstrap of WER between systems on the same recordings"),
+}
+
+if __name__ == "__main__":
+    dispatch("python -m tools.bench", __doc__, COMMANDS)
