@@ -73,6 +73,22 @@ class KeptSpeech:
         index = min(max(index, 0), len(self.spans) - 1)
         return (self.spans[index][0] + at - starts[index]) / SAMPLE_RATE
 
+    def word_seconds(self, start: float, end: float) -> Tuple[float, float]:
+        """A word's times on the recording's clock, both in the span that holds its middle (clamped to
+        it): a word is never stretched across a removed silence. (whisper's alignment can start a word
+        in the padding before a seam and end it after; mapped apart, it would span the silence.)"""
+        if not self.spans:
+            return start, end
+        starts = self._starts()
+        middle = (start + end) / 2 * SAMPLE_RATE
+        index = min(max(bisect.bisect_right(starts, middle) - 1, 0), len(self.spans) - 1)
+        first, last = self.spans[index]
+
+        def mapped(seconds: float) -> float:
+            return min(max(first + seconds * SAMPLE_RATE - starts[index], first), last) / SAMPLE_RATE
+
+        return mapped(start), mapped(end)
+
     def restore(self, result: dict, recording_seconds: float) -> dict:
         """A result transcribed from the joined audio, its times moved to the recording's clock (in place)."""
         for segment in result["segments"]:
@@ -80,8 +96,8 @@ class KeptSpeech:
             segment["start"] = round(self.original_seconds(segment["start"]), 3)
             segment["end"] = round(self.original_seconds(segment["end"], is_end=True), 3)
             for word in segment.get("words", []):
-                word["start"] = round(self.original_seconds(word["start"]), 3)
-                word["end"] = round(self.original_seconds(word["end"], is_end=True), 3)
+                start, end = self.word_seconds(word["start"], word["end"])
+                word["start"], word["end"] = round(start, 3), round(end, 3)
         medusa = result.setdefault("medusa", {})
         medusa["speech_seconds"] = medusa.get("audio_seconds", 0.0)
         medusa["audio_seconds"] = round(recording_seconds, 3)

@@ -111,6 +111,10 @@ def test_kept_speech_maps_joined_times_back_to_the_recording():
     assert kept.original_seconds(3.0, is_end=True) == 4.0  # an end on the seam: the first span's end
     assert kept.original_seconds(0.0, is_end=True) == 1.0 and kept.original_seconds(5.0, is_end=True) == 12.0
     assert KeptSpeech.of([]).joined(samples).size == 0
+    # a word across the seam stays in the span of its middle: joined 2.8-3.4 s is 10.0-10.4 s, not 3.8-10.4
+    assert kept.word_seconds(2.8, 3.4) == pytest.approx((10.0, 10.4))
+    assert kept.word_seconds(2.5, 3.2) == pytest.approx((3.5, 4.0))
+    assert kept.word_seconds(0.5, 1.0) == pytest.approx((1.5, 2.0))
 
 
 @pytest.fixture(scope="module")
