@@ -242,7 +242,9 @@ def test_a_model_with_a_draft_head_loads_from_its_cache(head, tmp_path, monkeypa
         from medusa_whisper.drafting.draft_head import draft_head_file
 
         tiny = medusa_whisper.load_model("tiny.en", device="cpu")
-        ctc = CtcHead(tiny.dims, CtcConfig(encoding="gpt2", n_units=256, width=64, layers=1))
+        # a fixed chunk: the chunk length is otherwise chosen from pass costs each model measures itself
+        ctc = CtcHead(tiny.dims, CtcConfig(encoding="gpt2", n_units=256, width=64, layers=1,
+                                           decoding={"fixed_chunk": 4}))
         torch.save(draft_head_file(ctc, "tiny.en", {"note": "untrained"}), tmp_path / "tiny.en-ctc.pt")
         monkeypatch.setenv("MEDUSA_WHISPER_HEADS_DIR", str(tmp_path))
         head = "tiny.en-ctc"

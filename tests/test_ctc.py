@@ -248,10 +248,10 @@ def test_ctc_drafts_at_int8_equal_int8_greedy(jfk_mel, tmp_path, monkeypatch):
         assert right.tokens == greedy.tokens and right.tokens_per_step >= 3.0
 
 
-def test_pass_costs_are_measured_here_once_per_model_and_compute_type(tiny, jfk_mel, monkeypatch):
+def test_pass_costs_are_measured_here_once_per_model_and_compute_type(tiny, jfk_mel, tmp_path, monkeypatch):
     """The chunk length is chosen from what a pass costs on the running machine: the table is measured
-    for each model at its compute type, once; a head file's table (measured where it was trained) is
-    not used, and a table given in the settings is."""
+    for each model at its compute type, once; a head file's tables (measured where it was trained) are
+    dropped at load, and a table given in the settings is used as given."""
     measured = []
     original = pass_costs._measure
 
@@ -260,20 +260,22 @@ def test_pass_costs_are_measured_here_once_per_model_and_compute_type(tiny, jfk_
         return original(decoder, rows, audio_features)
 
     monkeypatch.setattr(pass_costs, "_measure", counting)
-    monkeypatch.delitem(tiny.decoder.__dict__, pass_costs._MEMO, raising=False)  # measured by earlier tests
-    head = CtcHead(tiny.dims, CtcConfig(encoding="gpt2", n_units=256, width=64, layers=1, decoding=asdict(DEAR_ROWS)))
-    assert head.draft_settings().row_costs is None
-    int8 = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    head = CtcHead(tiny.dims, CtcConfig(encoding="gpt2", n_units=256, width=64, layers=1,
+                                        decoding=dict(asdict(DEAR_ROWS), int8_row_costs=CHEAP_ROWS.row_costs)))
+    torch.save(draft_head_file(head, "tiny.en", {"note": "untrained"}), tmp_path / "tiny.en-ctc.pt")
+    monkeypatch.setenv("MEDUSA_WHISPER_HEADS_DIR", str(tmp_path))
     options = decoding.MedusaDecodingOptions(language="en", without_timestamps=True)
-    for model in (tiny, int8):
+    models = [medusa_whisper.load_model("tiny.en-ctc", device="cpu", compute_type=t) for t in ("float32", "int8")]
+    for model in models:
+        assert model.draft_head.draft_settings().row_costs is None
         features = model.embed_audio(jfk_mel[None])
-        first = factory.head_proposer(head, model, features, "en", options).settings
-        again = factory.head_proposer(head, model, features, "en", options).settings
+        first = factory.head_proposer(model.draft_head, model, features, "en", options).settings
+        again = factory.head_proposer(model.draft_head, model, features, "en", options).settings
         assert first.row_costs == again.row_costs
         assert len(first.row_costs) == len(first.cost_rows) and first.row_costs[0] == 1.0
         assert all(cost > 0 for cost in first.row_costs) and first.row_costs[-1] > 1.0
-    assert measured == [tiny.decoder, int8.decoder]  # once each
-    assert DEAR_ROWS.for_model(int8) is DEAR_ROWS  # given costs are kept
+    assert measured == [model.decoder for model in models]  # once each
+    assert DEAR_ROWS.for_model(models[1]) is DEAR_ROWS  # given costs are kept
     assert choose_chunk(0.6, CHEAP_ROWS) > choose_chunk(0.6, DEAR_ROWS)
 
 

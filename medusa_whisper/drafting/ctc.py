@@ -131,18 +131,23 @@ class CtcHead(DraftHead):
         return greedy_draft(logprobs, self.units, self.blank, self.frame_seconds)
 
     def draft_settings(self) -> DraftSettings:
-        """How its proposer drafts: the head file's ``decoding`` settings over the defaults, except the
-        pass costs a file may hold: those were measured where the head was trained, and are measured
-        again where it runs (``DraftSettings.for_model``)."""
-        return DraftSettings.from_dict({k: v for k, v in self.config.decoding.items() if k != "row_costs"})
+        """How its proposer drafts: the ``decoding`` settings over the defaults."""
+        return DraftSettings.from_dict(self.config.decoding)
+
+
+# pass-cost tables a head file may hold: measured on the machine that trained the head, so dropped at
+# load; DraftSettings.for_model measures them again where the head runs (pass_costs.py)
+MACHINE_SETTINGS = ("row_costs", "int8_row_costs")
 
 
 def build(dims: ModelDimensions, config: dict) -> CtcHead:
+    """The head a file describes (``draft_head.build_draft_head``), without its machine's pass costs."""
     known = {f for f in CtcConfig.__dataclass_fields__}
     unknown = sorted(set(config) - known)
     if unknown:
         raise ValueError(f"unknown CTC head settings {unknown}")
-    return CtcHead(dims, CtcConfig(**config))
+    decoding = {k: v for k, v in config.get("decoding", {}).items() if k not in MACHINE_SETTINGS}
+    return CtcHead(dims, CtcConfig(**{**config, "decoding": decoding}))
 
 
 def head_macs(dims: ModelDimensions, config: CtcConfig) -> int:

@@ -75,7 +75,6 @@ class DraftSettings:
     @classmethod
     def from_dict(cls, values: Optional[dict]) -> "DraftSettings":
         values = dict(values or {})
-        values.pop("int8_row_costs", None)  # older head files: a second table, now measured like the first
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

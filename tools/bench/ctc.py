@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--head", default=None, help="a heads file (named <model>-ctc.pt) instead of weights/<model>-ctc.pt")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compute-type", default="float32", help="float32, int8 or bfloat16 (whisper.decode runs "
+                        "the same converted model)")
     parser.add_argument("--timestamps", action="store_true", help="decode with timestamps")
     parser.add_argument("--no-timing", action="store_true", help="skip whisper.decode and --mode off (draft stats only)")
     parser.add_argument("--decoding", type=json.loads, default=None,
@@ -61,7 +63,7 @@ def main() -> None:
     if Path(name).is_file():  # a heads file elsewhere: loaded by its name from its folder
         os.environ["MEDUSA_WHISPER_HEADS_DIR"] = str(Path(name).resolve().parent)
         name = Path(name).stem
-    model = medusa_whisper.load_model(name, device="cpu")
+    model = medusa_whisper.load_model(name, device="cpu", compute_type=args.compute_type)
     head = model.draft_head
     if args.decoding:
         head.config.decoding = {**head.config.decoding, **args.decoding}
@@ -127,7 +129,7 @@ def main() -> None:
     total = lambda key: sum(c[key] for c in per_clip if c[key] is not None)  # noqa: E731
     counts = {k: sum(c["counts"][k] for c in per_clip) for k in per_clip[0]["counts"]} if per_clip else {}
     summary = dict(
-        model=args.model, head=args.head or f"{args.model}-ctc", clips=n, timestamps=args.timestamps,
+        model=args.model, head=args.head or f"{args.model}-ctc", compute_type=args.compute_type, clips=n, timestamps=args.timestamps,
         threads=args.threads, identical_share=sum(c["identical"] for c in per_clip) / max(n, 1),
         tokens_per_pass=total("tokens") / max(total("passes"), 1), passes_per_window=total("passes") / max(n, 1),
         tokens_per_window=total("tokens") / max(n, 1),
@@ -140,8 +142,8 @@ def main() -> None:
         speedup_vs_whisper_decode=total("vanilla_seconds") / max(total("ctc_seconds"), 1e-9),
         speedup_vs_off=(total("off_seconds") / max(total("ctc_seconds"), 1e-9)) if not args.no_timing else None,
         counts=counts, load_start=load_start, load_end=os.getloadavg()[0], wall_seconds=round(wall, 1),
-        decoding=head.config.decoding)
-    out = args.out or ROOT / "bench_out" / f"ctc_report_{args.model}{'_ts' if args.timestamps else ''}.json"
+        decoding=head.config.decoding, pass_costs=made[-1].settings.row_costs if made else None)
+    out = args.out or ROOT / "bench_out" / f"ctc_report_{args.model}_{args.compute_type}{'_ts' if args.timestamps else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(summary=summary, clips=per_clip), indent=1))
     print(json.dumps(summary, indent=1))
