@@ -13,6 +13,7 @@ The whole recording is decoded into memory for the VAD (16 kHz float32: 230 MB a
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
@@ -54,24 +55,30 @@ class KeptSpeech:
             return np.zeros(0, dtype=np.float32)
         return np.concatenate([samples[start:end] for start, end in self.spans]).astype(np.float32, copy=False)
 
-    def _starts(self) -> List[int]:
-        """Where each span starts in the joined audio."""
+    @functools.cached_property
+    def _starts(self) -> Tuple[int, ...]:
+        """Where each span starts in the joined audio (computed once; the spans never change)."""
         starts, at = [], 0
         for start, end in self.spans:
             starts.append(at)
             at += end - start
-        return starts
+        return tuple(starts)
+
+    def _span_at(self, at: float, is_end: bool = False) -> int:
+        """The span holding joined sample ``at``; on a seam, the earlier one when ``is_end``."""
+        find = bisect.bisect_left if is_end else bisect.bisect_right
+        return min(max(find(self._starts, at) - 1, 0), len(self.spans) - 1)
+
+    def _recording_sample(self, index: int, at: float) -> float:
+        return self.spans[index][0] + at - self._starts[index]
 
     def original_seconds(self, seconds: float, is_end: bool = False) -> float:
         """A time in the joined audio on the recording's clock. A time on the seam between two spans is
         the end of the first (``is_end``: a segment or word that ends there) or the start of the second."""
         if not self.spans:
             return seconds
-        starts = self._starts()
         at = seconds * SAMPLE_RATE
-        index = (bisect.bisect_left(starts, at) if is_end else bisect.bisect_right(starts, at)) - 1
-        index = min(max(index, 0), len(self.spans) - 1)
-        return (self.spans[index][0] + at - starts[index]) / SAMPLE_RATE
+        return self._recording_sample(self._span_at(at, is_end), at) / SAMPLE_RATE
 
     def word_seconds(self, start: float, end: float) -> Tuple[float, float]:
         """A word's times on the recording's clock, both in the span that holds its middle (clamped to
@@ -79,13 +86,11 @@ class KeptSpeech:
         in the padding before a seam and end it after; mapped apart, it would span the silence.)"""
         if not self.spans:
             return start, end
-        starts = self._starts()
-        middle = (start + end) / 2 * SAMPLE_RATE
-        index = min(max(bisect.bisect_right(starts, middle) - 1, 0), len(self.spans) - 1)
+        index = self._span_at((start + end) / 2 * SAMPLE_RATE)
         first, last = self.spans[index]
 
         def mapped(seconds: float) -> float:
-            return min(max(first + seconds * SAMPLE_RATE - starts[index], first), last) / SAMPLE_RATE
+            return min(max(self._recording_sample(index, seconds * SAMPLE_RATE), first), last) / SAMPLE_RATE
 
         return mapped(start), mapped(end)
 
