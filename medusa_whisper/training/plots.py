@@ -53,12 +53,7 @@ def plot_history(history: List[Dict], path: Path, title: str = "", best_step: Op
     right.set_ylim(0, 1)
     if scored:
         right.legend(fontsize=7, ncol=2)
-    mark_best(best_step, left, right)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path, title, best_step, left, right)
 
 
 def plot_eagle_history(history: List[Dict], path: Path, title: str = "", best_step: Optional[int] = None) -> Optional[Path]:
@@ -85,12 +80,7 @@ def plot_eagle_history(history: List[Dict], path: Path, title: str = "", best_st
     right.set_xlabel("step")
     right.set_ylabel("accuracy")
     right.set_ylim(0, 1)
-    mark_best(best_step, left, right)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path, title, best_step, left, right)
 
 
 def plot_ctc_history(history: List[Dict], path: Path, title: str = "", best_step: Optional[int] = None) -> Optional[Path]:
@@ -120,7 +110,12 @@ def plot_ctc_history(history: List[Dict], path: Path, title: str = "", best_step
     left.set_ylabel("CTC loss per unit")
     left.legend()
     right.set_xlabel("step")
-    mark_best(best_step, left, right)
+    return _save(plt, fig, path, title, best_step, left, right)
+
+
+def _save(plt, fig, path: Path, title: str, best_step: Optional[int], *axes) -> Path:
+    """The figure's last touches (the kept step, the title) and its PNG at ``path``."""
+    mark_best(best_step, *axes)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
