@@ -29,10 +29,11 @@ from whisper.decoding import DecodingTask
 from whisper.model import Whisper
 
 from .decoder import DecoderCache, block_caches, decoder_hidden, decoder_rows_step, new_cache, next_token_logits
-from .decoding import (MedusaDecodingOptions, MedusaDecodingResult, _Generation, as_medusa_options, verify,
+from .decoding import (MedusaDecodingOptions, MedusaDecodingResult, as_medusa_options, verify,
                        window_filters, window_result)
 from .drafting.base import ProposerStats
 from .drafting.tree import CandidateTree
+from .fixed_decoding import Generation
 from .masks import chain_mask
 
 
@@ -73,7 +74,7 @@ class _Stream:
         self.steps += 1
 
     def result(self) -> MedusaDecodingResult:
-        gen = _Generation(self.tokens, self.sum_logprob, self.no_speech_prob, self.steps)
+        gen = Generation(self.tokens, self.sum_logprob, self.no_speech_prob, self.steps)
         return window_result(self.task, replace_mode(self.options), self.common, gen, ProposerStats(),
                              self.encode_seconds, time.perf_counter() - self.began)
 

@@ -25,11 +25,13 @@ from whisper.decoding import DecodingOptions, DecodingResult, DecodingTask, Logi
 from whisper.model import Whisper
 from whisper.utils import compression_ratio
 
+from . import fixed_decoding
 from .candidates import decode_candidates
 from .decoder import decoder_hidden, new_cache, next_token_logits
 from .drafting.base import Committed, Proposer, ProposerStats
 from .drafting.factory import make_proposer
 from .drafting.tree import CandidateTree
+from .fixed_decoding import Generation
 
 MODES = ("lossless", "typical", "off")
 
@@ -213,17 +215,9 @@ def verify(
     return _Verdict(kept, total, path)
 
 
-@dataclass
-class _Generation:
-    tokens: List[int]
-    sum_logprob: float
-    no_speech_prob: float
-    decoder_steps: int
-
-
 def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initial: List[int],
               filters: Sequence[LogitFilter], options: MedusaDecodingOptions,
-              proposer: Optional[Proposer] = None) -> _Generation:
+              proposer: Optional[Proposer] = None) -> Generation:
     """Greedy decoding; each pass also verifies the candidates of ``proposer`` (when there is one).
 
     The loop knows nothing of which proposer it has: it asks for a tree, verifies it in one pass,
@@ -281,7 +275,7 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
             tree = proposer.propose()
         pending = [tokens[-1]]
 
-    return _Generation(tokens, sum_logprob, no_speech_prob, steps)
+    return Generation(tokens, sum_logprob, no_speech_prob, steps)
 
 
 def _sync(device: torch.device) -> None:
@@ -307,11 +301,16 @@ def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions, dra
 
     filters = window_filters(task, options)
     began = time.perf_counter()
-    proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel)
-    gen = _generate(model, task, audio_features, initial[0].tolist(), filters, options, proposer)
+    gen, stats = None, ProposerStats()
+    fixed = fixed_decoding.decoder_for(model, audio_features, options) if draft is None else None
+    if fixed is not None:  # the fixed-shape step (CUDA graphs); None when a filter is not whisper's
+        gen = fixed.generate(task, audio_features, initial[0].tolist(), filters, stats)
+    if gen is None:
+        proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel)
+        gen = _generate(model, task, audio_features, initial[0].tolist(), filters, options, proposer)
+        stats = proposer.stats if proposer is not None else stats
     _sync(audio_features.device)
     decode_seconds = time.perf_counter() - began
-    stats = proposer.stats if proposer is not None else ProposerStats()
     return window_result(task, options, common, gen, stats, encode_seconds, decode_seconds)
 
 
@@ -324,7 +323,7 @@ def window_filters(task: DecodingTask, options: MedusaDecodingOptions) -> List[L
     return filters
 
 
-def window_result(task: DecodingTask, options: MedusaDecodingOptions, common: dict, gen: _Generation,
+def window_result(task: DecodingTask, options: MedusaDecodingOptions, common: dict, gen: Generation,
                   stats: ProposerStats, encode_seconds: float, decode_seconds: float) -> MedusaDecodingResult:
     """whisper's result fields from one window's tokens, as ``whisper.decode`` computes them."""
     tokenizer = task.tokenizer

@@ -1,0 +1,230 @@
+"""The fixed-shape step and its decoding loop (step.py, fixed_decoding.py) against the eager ones.
+
+On the CPU the fixed-shape loop is what CUDA graphs capture, run eagerly: its tokens must be the
+eager loop's (and so whisper's greedy tokens), with and without timestamps, with prompts that move
+where sampling begins, and with Medusa heads whose candidates are often rejected. A pass must not
+read a tensor on the host (a CUDA graph cannot), which torch.compile's full-graph tracing checks on
+the CPU. The CUDA tests compare the captured graphs with the same loop uncaptured and count the
+host's waits; they skip where there is no GPU.
+"""
+
+import warnings
+
+import pytest
+import soundfile
+import torch
+import whisper
+from whisper.decoding import DecodingOptions, DecodingTask
+
+import medusa_whisper
+from medusa_whisper import MedusaConfig, decode
+from medusa_whisper import fixed_decoding
+from medusa_whisper.decoder import decoder_hidden, new_cache, project
+from medusa_whisper.drafting.tree import best_first
+from medusa_whisper.drafting.base import ProposerStats
+from medusa_whisper.fixed_decoding import FixedDecoder, decoder_for
+from medusa_whisper.step import FixedStep
+
+from conftest import CLIPS, DATA
+from helpers import random_model, randomize_heads
+
+REAL = DATA / "real" / "jfk.flac"
+
+
+def mel_of(path, n_mels=80):
+    audio, _ = soundfile.read(path, dtype="float32")
+    return whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(audio)), n_mels)
+
+
+def options(**kw):
+    return DecodingOptions(**{"language": "en", "fp16": False, **kw})
+
+
+def decode_with(step: str, monkeypatch, *args, **kwargs):
+    monkeypatch.setenv(fixed_decoding.STEP_ENV, step)
+    return decode(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def tiny_en():
+    return medusa_whisper.load_model("tiny.en", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_en_medusa():
+    return medusa_whisper.load_model("tiny.en-medusa", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def real_features(tiny_en):
+    with torch.no_grad():
+        return tiny_en.embed_audio(mel_of(REAL)[None])
+
+
+def test_step_states_equal_the_eager_decoder_for_a_chain_and_a_tree(tiny_en, real_features):
+    decoder = tiny_en.decoder
+    step = FixedStep(tiny_en)
+    step.set_audio(real_features)
+    cache = new_cache(decoder, real_features)
+    prompt = torch.tensor([[50257, 50362, 843, 523, 616, 3399]])
+    n = prompt.shape[1]
+    with torch.no_grad():
+        eager = decoder_hidden(decoder, prompt, torch.arange(n), cache, 0, torch.ones(n, n, dtype=torch.bool).tril())
+        fixed = step(prompt, torch.arange(n)[None])
+        assert torch.allclose(fixed, eager, atol=2e-4, rtol=0)
+        assert torch.equal(step.logits(fixed).argmax(-1), project(decoder, eager).argmax(-1))
+        # a tree after the prompt: the pending token, then two candidates at depth 1 and one under each
+        tree = best_first([([11, 13], [-0.1, -0.2]), ([290, 318], [-0.3, -0.4])], max_nodes=4)
+        pending = [1265]
+        positions, mask = tree.layout(n, len(pending), "cpu")
+        tokens = torch.tensor([pending + list(tree.tokens)])
+        eager = decoder_hidden(decoder, tokens, positions, cache, n, mask)
+        rows = tokens.shape[1]
+        every_slot = torch.zeros(1, rows, step.n_ctx, dtype=torch.bool)
+        every_slot[0, :, :n + rows] = mask
+        fixed = step(tokens, positions[None], every_slot, slots=torch.arange(n, n + rows)[None])
+        assert torch.allclose(fixed, eager, atol=2e-4, rtol=0)
+        assert not torch.allclose(fixed[0, 2], fixed[0, 4], atol=1e-2)  # siblings at one position differ
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+@pytest.mark.parametrize("name", ["tiny.en", "tiny.en-medusa"])
+def test_fixed_loop_gives_the_eager_loops_tokens(name, timestamps, tiny_en, tiny_en_medusa, monkeypatch):
+    model = tiny_en if name == "tiny.en" else tiny_en_medusa
+    for clip in [REAL] + CLIPS[:2]:
+        mel = mel_of(clip)
+        opts = options(without_timestamps=not timestamps)
+        eager = decode_with("eager", monkeypatch, model, mel, opts)
+        fixed = decode_with("fixed", monkeypatch, model, mel, opts)
+        assert fixed.tokens == eager.tokens, clip.name
+        assert fixed.avg_logprob == pytest.approx(eager.avg_logprob, abs=1e-4)
+        assert fixed.no_speech_prob == pytest.approx(eager.no_speech_prob, abs=1e-5)
+        if name == "tiny.en":
+            assert fixed.tokens == whisper.decode(model, mel, opts).tokens
+            assert fixed.decoder_steps == fixed.tokens_produced
+        else:  # the same candidates are proposed and kept as in the eager loop
+            assert fixed.decoder_steps == eager.decoder_steps < fixed.tokens_produced
+            # (the eager loop leaves the last pass's accepted candidates uncounted)
+            assert fixed.draft_accepted >= eager.draft_accepted > 0
+
+
+def test_rejected_candidates_and_the_sample_limit(monkeypatch):
+    """Random heads are mostly wrong (rollback every pass), and a random model never ends: it stops
+    at sample_len, where the last passes have no room for candidates."""
+    model = randomize_heads(random_model(MedusaConfig(num_heads=4)))
+    torch.manual_seed(3)
+    mel = torch.randn(80, 3000)
+    opts = options(without_timestamps=True)
+    expected = whisper.decode(model, mel, opts)
+    for sample_len in (None, 37):
+        kw = {} if sample_len is None else {"sample_len": sample_len}
+        fixed = decode_with("fixed", monkeypatch, model, mel, opts, **kw)
+        assert fixed.tokens == whisper.decode(model, mel, opts, **kw).tokens
+        assert len(fixed.tokens) == (sample_len or 224)
+        assert fixed.decoder_steps < fixed.tokens_produced
+        assert fixed.draft_proposed > 2 * fixed.draft_accepted  # most candidates were rejected
+    assert decode_with("fixed", monkeypatch, model, mel, opts).tokens == expected.tokens
+
+
+def test_prompts_of_different_lengths_reuse_the_decoder(tiny_en_medusa, monkeypatch):
+    """A prompt moves where sampling begins; the rules' tensors are reloaded, not rebuilt."""
+    mel = mel_of(REAL)
+    made = []
+    for prompt in ("Kennedy's inaugural address.", "A speech about the country and what its people can do " * 3,
+                   None):
+        opts = options(prompt=prompt)
+        eager = decode_with("eager", monkeypatch, tiny_en_medusa, mel, opts)
+        fixed = decode_with("fixed", monkeypatch, tiny_en_medusa, mel, opts)
+        assert fixed.tokens == eager.tokens, prompt
+        decoders = [d for d in tiny_en_medusa.fixed_decoders.values() if d is not None]
+        made.append((len(decoders), sum(len(d.rules) for d in decoders), sum(len(d.passes) for d in decoders)))
+    assert made[0] == made[1] == made[2]  # the same decoder, rule tensors and passes for every prompt
+
+
+def test_one_host_read_per_pass(tiny_en_medusa, real_features):
+    decoder = FixedDecoder(tiny_en_medusa, torch.float32, torch.device("cpu"), num_heads=1)
+    task = DecodingTask(tiny_en_medusa, options())
+    stats = ProposerStats()
+    generation = decoder.generate(task, real_features, list(task.initial_tokens), task.logit_filters, stats)
+    assert generation.decoder_steps == decoder.host_reads  # the prefill's read, then one per pass
+    assert len(generation.tokens) - len(task.initial_tokens) > generation.decoder_steps
+
+
+def test_a_pass_never_reads_the_device_on_the_host(tiny_en_medusa):
+    """torch.compile's full-graph tracing fails on .item(), .tolist(), a tensor's truth value or a
+    shape that depends on data: what a CUDA graph cannot capture either."""
+    decoder = FixedDecoder(tiny_en_medusa, torch.float32, torch.device("cpu"), num_heads=1)
+    task = DecodingTask(tiny_en_medusa, options())
+    rules = decoder._rules(task.logit_filters, tiny_en_medusa.dims.n_vocab)
+    decoder.length.fill_(5)
+    out = torch.zeros(5, dtype=torch.float64)
+    torch._dynamo.reset()
+    torch.compile(lambda: decoder._pass(2, rules, out), fullgraph=True, backend="eager")()
+    assert int(decoder.length[0]) > 5  # it ran: the length moved past the pending token
+
+    def reads_the_host():
+        decoder._pass(2, rules, out)
+        if int(decoder.length[0]) > 3:
+            out.add_(1)
+    torch._dynamo.reset()
+    with pytest.raises(Exception):
+        torch.compile(reads_the_host, fullgraph=True, backend="eager")()
+
+
+def test_what_the_fixed_loop_leaves_to_the_eager_one(tiny_en, monkeypatch):
+    features = torch.zeros(1, 1500, 384)
+    monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
+    block = random_model(MedusaConfig(num_heads=2, heads_type="block"))
+    linear = random_model(MedusaConfig(num_heads=2))
+    assert decoder_for(linear, features, medusa_whisper.MedusaDecodingOptions()) is not None
+    assert decoder_for(linear, features, medusa_whisper.MedusaDecodingOptions(mode="typical")) is None
+    assert decoder_for(linear, features, medusa_whisper.MedusaDecodingOptions(tree_width=2)) is None
+    assert decoder_for(block, features, medusa_whisper.MedusaDecodingOptions()) is None
+    assert decoder_for(block, features, medusa_whisper.MedusaDecodingOptions(mode="off")) is not None
+    monkeypatch.setenv(fixed_decoding.STEP_ENV, "auto")  # on the CPU, auto is the eager loop
+    assert decoder_for(linear, features, medusa_whisper.MedusaDecodingOptions()) is None
+    monkeypatch.setenv(fixed_decoding.STEP_ENV, "graphs")
+    with pytest.raises(ValueError, match=fixed_decoding.STEP_ENV):
+        decoder_for(linear, features, medusa_whisper.MedusaDecodingOptions())
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_captured_graphs_equal_the_uncaptured_loop(tiny_en_medusa, dtype):
+    model = medusa_whisper.load_model("tiny.en-medusa", device="cuda")
+    task = DecodingTask(model, options(fp16=dtype == torch.float16))
+    with torch.no_grad():
+        features = model.embed_audio(mel_of(REAL)[None].cuda().to(dtype))
+    results = []
+    for capture in (False, True):
+        decoder = FixedDecoder(model, dtype, torch.device("cuda"), num_heads=1, capture=capture)
+        for _ in range(2):  # the second window replays graphs captured in the first
+            results.append(decoder.generate(task, features, list(task.initial_tokens), task.logit_filters,
+                                            ProposerStats()))
+    assert all(r.tokens == results[0].tokens for r in results)
+    assert results[0].decoder_steps < len(results[0].tokens) - len(task.initial_tokens)
+
+
+@cuda
+def test_one_synchronisation_per_captured_pass():
+    model = medusa_whisper.load_model("tiny.en-medusa", device="cuda")
+    task = DecodingTask(model, options(fp16=True))
+    with torch.no_grad():
+        features = model.embed_audio(mel_of(REAL)[None].cuda().half())
+    decoder = FixedDecoder(model, torch.float16, torch.device("cuda"), num_heads=1)
+    initial = list(task.initial_tokens)
+    decoder.generate(task, features, initial, task.logit_filters, ProposerStats())  # captures
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            generation = decoder.generate(task, features, initial, task.logit_filters, ProposerStats())
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    # the passes' one read each, and the window's set-up (the prefill's read, the rules' tensors)
+    assert len(syncs) <= generation.decoder_steps + 4, [str(w.message) for w in syncs[:5]]

@@ -1,0 +1,65 @@
+"""whisper's logit filters on the device (logit_rules.DeviceRules) equal whisper's own, row by row."""
+
+import pytest
+import torch
+from whisper.decoding import ApplyTimestampRules, SuppressBlank, SuppressTokens
+from whisper.tokenizer import get_tokenizer
+
+from medusa_whisper.logit_rules import DeviceRules
+
+
+class Unknown(SuppressTokens):
+    """A filter that is not one of whisper's own types: its apply() is the only definition."""
+
+
+def _histories(tokenizer, generator, batch: int, n: int, sample_begin: int) -> torch.Tensor:
+    """Token sequences that hit every branch of the timestamp rules: text, lone timestamps, pairs,
+    timestamps that go back, end-of-text."""
+    begin = tokenizer.timestamp_begin
+    history = torch.randint(0, 5000, (batch, n), generator=generator)
+    history[:, :sample_begin] = torch.tensor(list(tokenizer.sot_sequence) + [0] * sample_begin)[:sample_begin]
+    stamps = torch.rand(batch, n, generator=generator) < 0.35
+    history[stamps] = begin + torch.randint(0, 60, (int(stamps.sum()),), generator=generator)
+    history[torch.rand(batch, n, generator=generator) < 0.03] = tokenizer.eot
+    return history
+
+
+@pytest.mark.parametrize("multilingual", [False, True])
+@pytest.mark.parametrize("with_timestamps", [True, False])
+def test_device_rules_equal_whisper_filters_row_by_row(multilingual, with_timestamps):
+    tokenizer = get_tokenizer(multilingual, language="en" if multilingual else None, task="transcribe")
+    n_vocab = 51865 if multilingual else 51864
+    sample_begin = len(tokenizer.sot_sequence)
+    filters = [SuppressBlank(tokenizer, sample_begin), SuppressTokens([1, 2, 7, 220, tokenizer.no_speech])]
+    if with_timestamps:
+        filters.append(ApplyTimestampRules(tokenizer, sample_begin, max_initial_timestamp_index=50))
+    rules = DeviceRules.of(filters, n_vocab, "cpu")
+    generator = torch.Generator().manual_seed(0)
+    batch, rows, n = 24, 5, 40
+    history = _histories(tokenizer, generator, batch, n, sample_begin)
+    # contexts from empty (the first sampled token) to long; rows see the tokens before them
+    lengths = torch.randint(sample_begin, n - rows, (batch, 1), generator=generator) + torch.arange(rows)
+    lengths[:4] = sample_begin + torch.arange(rows)
+    logits = torch.randn(batch, rows, n_vocab, generator=generator) * 3
+    # rows where the timestamps together outweigh every text token, and rows where they do not
+    logits[::3, :, tokenizer.timestamp_begin:] += 4.0
+    expected = logits.clone()
+    rules.apply(logits, history, lengths)
+    branches = set()
+    for b in range(batch):
+        for r in range(rows):
+            row = expected[b, r][None]
+            context = history[b, :lengths[b, r]][None]
+            for f in filters:
+                f.apply(row, context)
+            assert torch.equal(logits[b, r], row[0]), (b, r, context[0, sample_begin:].tolist())
+            branches.add((bool(torch.isinf(row[0, :tokenizer.timestamp_begin]).all()),
+                          bool(torch.isinf(row[0, tokenizer.timestamp_begin:]).all())))
+    if with_timestamps:  # rows forced to a timestamp, rows forbidden one, and rows that may say either
+        assert branches == {(True, False), (False, True), (False, False)}
+
+
+def test_an_unknown_filter_is_left_to_the_eager_loop():
+    tokenizer = get_tokenizer(False)
+    assert DeviceRules.of([SuppressBlank(tokenizer, 1)], 51864, "cpu") is not None
+    assert DeviceRules.of([SuppressBlank(tokenizer, 1), Unknown([1])], 51864, "cpu") is None
