@@ -38,7 +38,7 @@ from torch import Tensor
 from whisper.decoding import DecodingTask, LogitFilter
 
 from .drafting.base import ProposerStats
-from .logit_rules import DeviceRules
+from .logit_rules import DeviceRules, RuleSettings
 from .step import FixedStep, UnsupportedStep, dense, linear
 
 STEP_ENV = "MEDUSA_WHISPER_STEP"
@@ -207,13 +207,16 @@ class FixedDecoder:
     # ------------------------------------------------------------------ one window on the host
 
     def _rules(self, filters: Sequence[LogitFilter], n_vocab: int) -> Optional[DeviceRules]:
-        rules = DeviceRules.of(filters, n_vocab, self.device)
-        if rules is None:
+        """The device rules of ``filters``: one set of tensors per structure, reloaded in place."""
+        settings = RuleSettings.of(filters, n_vocab)
+        if settings is None:
             return None
-        mine = self.rules.setdefault(rules.key, rules)
-        if mine is not rules:
-            mine.load(rules)
-        return mine
+        rules = self.rules.get(settings.key)
+        if rules is None:
+            rules = self.rules[settings.key] = DeviceRules(settings, self.device)
+        else:
+            rules.load(settings)
+        return rules
 
     @torch.no_grad()
     def generate(self, task: DecodingTask, audio_features: Tensor, initial: List[int],

@@ -11,7 +11,8 @@ verified chain (each with the candidates before it as context) are filtered in o
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -21,73 +22,96 @@ from whisper.decoding import ApplyTimestampRules, LogitFilter, SuppressBlank, Su
 NEG_INF = float("-inf")
 
 
-class DeviceRules:
-    """The filters of one decoding task, as masks over (batch, rows, n_vocab) logits."""
+@dataclass(frozen=True)
+class RuleSettings:
+    """What whisper's filters of one decoding task decide by, as plain values (no tensors)."""
 
-    def __init__(self, n_vocab: int, device, suppress: Sequence[int] = (), blank: Optional[Sequence[int]] = None,
-                 sample_begin: int = 0, timestamps: Optional[dict] = None):
-        """suppress   : tokens always suppressed (SuppressTokens, and <|notimestamps|> with timestamps)
-        blank      : tokens suppressed at the first sampled position (SuppressBlank), or None
-        timestamps : ApplyTimestampRules' settings (timestamp_begin, eot, max_initial), or None
-
-        What varies from window to window (the suppressed tokens, where sampling begins, which
-        initial timestamps are allowed) is held in tensors, which ``load`` overwrites in place, so
-        that a captured graph that read them reads the next window's; what is fixed for a model
-        and a set of options is ``key``."""
-        vocab = torch.arange(n_vocab, device=device)
-        self.vocab = vocab
-        self.sample_begin = torch.tensor(sample_begin, device=device)
-        self.always = torch.zeros(n_vocab, device=device)
-        self.always[list(suppress)] = NEG_INF
-        self.blank = None
-        if blank is not None:
-            self.blank = torch.zeros(n_vocab, dtype=torch.bool, device=device)
-            self.blank[list(blank)] = True
-        self.timestamps = timestamps
-        self.last_initial = None
-        if timestamps is not None:
-            begin, max_initial = timestamps["timestamp_begin"], timestamps["max_initial"]
-            self.is_timestamp = vocab >= begin
-            self.is_text = vocab < timestamps["eot"]  # what may not follow a lone timestamp
-            self.before_timestamps = vocab < begin
-            if max_initial is not None:
-                self.last_initial = torch.tensor(begin + max_initial, device=device)
-        self.key = (n_vocab, blank is not None, None if timestamps is None else (
-            timestamps["timestamp_begin"], timestamps["eot"], self.last_initial is not None))
-
-    def load(self, other: "DeviceRules") -> None:
-        """Take ``other``'s settings (of the same ``key``) into this one's tensors, in place."""
-        if other.key != self.key:
-            raise ValueError(f"rules of another structure: {other.key} against {self.key}")
-        for mine, theirs in ((self.sample_begin, other.sample_begin), (self.always, other.always),
-                             (self.blank, other.blank), (self.last_initial, other.last_initial)):
-            if mine is not None:
-                mine.copy_(theirs)
+    n_vocab: int
+    suppress: Tuple[int, ...] = ()  # always suppressed (SuppressTokens, and <|notimestamps|> with timestamps)
+    blank: Optional[Tuple[int, ...]] = None  # suppressed at the first sampled position (SuppressBlank)
+    sample_begin: int = 0
+    timestamp_begin: Optional[int] = None  # ApplyTimestampRules' settings; None without it
+    eot: Optional[int] = None
+    max_initial: Optional[int] = None
 
     @classmethod
-    def of(cls, filters: Sequence[LogitFilter], n_vocab: int, device) -> Optional["DeviceRules"]:
-        """The rules of whisper's filters (a DecodingTask's ``logit_filters``), or None when one of
+    def of(cls, filters: Sequence[LogitFilter], n_vocab: int) -> Optional["RuleSettings"]:
+        """The settings of whisper's filters (a DecodingTask's ``logit_filters``), or None when one of
         them is not whisper's own (its Python ``apply`` is then the only definition of what it does)."""
-        suppress, blank, sample_begin, timestamps = [], None, None, None
+        suppress: List[int] = []
+        fields = {}
         for f in filters:
             kind = type(f)
             if kind is SuppressTokens:
                 suppress += f.suppress_tokens
             elif kind is SuppressBlank:
-                blank = f.tokenizer.encode(" ") + [f.tokenizer.eot]
-                sample_begin = f.sample_begin
+                fields.update(blank=tuple(f.tokenizer.encode(" ") + [f.tokenizer.eot]), sample_begin=f.sample_begin)
             elif kind is ApplyTimestampRules:
                 tokenizer = f.tokenizer
                 if tokenizer.no_timestamps is not None:
                     suppress.append(tokenizer.no_timestamps)
-                timestamps = dict(timestamp_begin=tokenizer.timestamp_begin, eot=tokenizer.eot,
-                                  max_initial=f.max_initial_timestamp_index)
-                sample_begin = f.sample_begin
+                fields.update(timestamp_begin=tokenizer.timestamp_begin, eot=tokenizer.eot,
+                              max_initial=f.max_initial_timestamp_index, sample_begin=f.sample_begin)
             else:
                 return None
-        if sample_begin is None:
-            sample_begin = 0  # neither filter that reads it is there
-        return cls(n_vocab, device, suppress, blank, sample_begin, timestamps)
+        return cls(n_vocab, tuple(sorted(set(suppress))), **fields)
+
+    @property
+    def key(self) -> tuple:
+        """What a captured graph depends on beyond the tensors ``DeviceRules.load`` rewrites."""
+        return (self.n_vocab, self.blank is not None, self.timestamp_begin, self.eot, self.max_initial is not None)
+
+
+class DeviceRules:
+    """The filters of one decoding task, as masks over (batch, rows, n_vocab) logits.
+
+    What may change from window to window (the suppressed tokens, where sampling begins, the last
+    allowed initial timestamp) is held in tensors that ``load`` rewrites in place, so that a
+    captured graph that reads them reads the next window's settings; the rest is ``key``.
+    """
+
+    def __init__(self, settings: RuleSettings, device):
+        vocab = torch.arange(settings.n_vocab, device=device)
+        self.vocab, self.key = vocab, settings.key
+        self.sample_begin = torch.zeros((), dtype=torch.long, device=device)
+        self.always = torch.zeros(settings.n_vocab, device=device)
+        self.blank = None if settings.blank is None else torch.zeros(settings.n_vocab, dtype=torch.bool,
+                                                                      device=device)
+        self.timestamps = settings.timestamp_begin is not None
+        self.last_initial = None
+        if self.timestamps:
+            begin = settings.timestamp_begin
+            self.begin = begin
+            self.is_timestamp = vocab >= begin
+            self.is_text = vocab < settings.eot  # what may not follow a lone timestamp
+            self.before_timestamps = vocab < begin
+            if settings.max_initial is not None:
+                self.last_initial = torch.zeros((), dtype=torch.long, device=device)
+        self.settings: Optional[RuleSettings] = None
+        self.load(settings)
+
+    @classmethod
+    def of(cls, filters: Sequence[LogitFilter], n_vocab: int, device) -> Optional["DeviceRules"]:
+        settings = RuleSettings.of(filters, n_vocab)
+        return None if settings is None else cls(settings, device)
+
+    def load(self, settings: RuleSettings) -> None:
+        """Take ``settings`` (of the same ``key``) into the tensors, in place. Only what changed is
+        written, and scalars by ``fill_``: a new window costs no copy from the host unless its
+        suppressed tokens differ."""
+        if settings.key != self.key:
+            raise ValueError(f"rules of another structure: {settings.key} against {self.key}")
+        old, self.settings = self.settings, settings
+        if old is None or old.sample_begin != settings.sample_begin:
+            self.sample_begin.fill_(settings.sample_begin)
+        if self.last_initial is not None and (old is None or old.max_initial != settings.max_initial):
+            self.last_initial.fill_(settings.timestamp_begin + settings.max_initial)
+        if old is None or old.suppress != settings.suppress:
+            self.always.zero_()
+            self.always[list(settings.suppress)] = NEG_INF
+        if self.blank is not None and (old is None or old.blank != settings.blank):
+            self.blank.zero_()
+            self.blank[list(settings.blank)] = True
 
     def apply(self, logits: Tensor, history: Tensor, lengths: Tensor) -> Tensor:
         """Filter ``logits`` in place, as whisper's filters would for each row on its own; returns them.
@@ -101,14 +125,14 @@ class DeviceRules:
         first = (sampled == 0)[..., None]
         if self.blank is not None:
             logits.masked_fill_(first & self.blank, NEG_INF)
-        if self.timestamps is not None:
+        if self.timestamps:
             self._timestamp_rules(logits, history, lengths, sampled, first)
         return logits
 
     def _timestamp_rules(self, logits: Tensor, history: Tensor, lengths: Tensor, sampled: Tensor,
                          first: Tensor) -> None:
         """ApplyTimestampRules.apply, for every row at once."""
-        begin = self.timestamps["timestamp_begin"]
+        begin = self.begin
         last = history.gather(1, (lengths - 1).clamp(min=0))
         penultimate = history.gather(1, (lengths - 2).clamp(min=0))
         last_was = (sampled >= 1) & (last >= begin)

@@ -5,7 +5,7 @@ import torch
 from whisper.decoding import ApplyTimestampRules, SuppressBlank, SuppressTokens
 from whisper.tokenizer import get_tokenizer
 
-from medusa_whisper.logit_rules import DeviceRules
+from medusa_whisper.logit_rules import DeviceRules, RuleSettings
 
 
 class Unknown(SuppressTokens):
@@ -63,3 +63,29 @@ def test_an_unknown_filter_is_left_to_the_eager_loop():
     tokenizer = get_tokenizer(False)
     assert DeviceRules.of([SuppressBlank(tokenizer, 1)], 51864, "cpu") is not None
     assert DeviceRules.of([SuppressBlank(tokenizer, 1), Unknown([1])], 51864, "cpu") is None
+
+
+def test_reloaded_rules_equal_fresh_ones():
+    """A captured graph keeps the tensors it read: loading another window's settings into them must
+    give what rules made for that window give."""
+    tokenizer = get_tokenizer(False)
+
+    def filters(sample_begin, suppress):
+        return [SuppressBlank(tokenizer, sample_begin), SuppressTokens(suppress),
+                ApplyTimestampRules(tokenizer, sample_begin, max_initial_timestamp_index=50)]
+    first = RuleSettings.of(filters(1, [1, 2]), 51864)
+    second = RuleSettings.of(filters(7, [3, 220]), 51864)
+    reused = DeviceRules(first, "cpu")
+    reused.load(second)
+    generator = torch.Generator().manual_seed(1)
+    history = _histories(tokenizer, generator, 8, 30, 1)
+    lengths = torch.randint(7, 25, (8, 1), generator=generator) + torch.arange(3)
+    lengths[0] = torch.arange(7, 10)
+    logits = torch.randn(8, 3, 51864, generator=generator)
+    logits[::2, :, tokenizer.timestamp_begin:] += 4.0
+    fresh = DeviceRules(second, "cpu").apply(logits.clone(), history, lengths)
+    assert torch.equal(reused.apply(logits.clone(), history, lengths), fresh)
+    assert not torch.equal(DeviceRules(first, "cpu").apply(logits.clone(), history, lengths), fresh)
+    other_structure = RuleSettings.of(filters(7, [3])[:2], 51864)  # no timestamp rules
+    with pytest.raises(ValueError, match="structure"):
+        reused.load(other_structure)
