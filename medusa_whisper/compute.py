@@ -298,9 +298,14 @@ def _convert_structure(model: nn.Module, compute_type: str, device_type: str, qu
     else:
         _swap_linears(encoder, make("half"))
     in_encoder = {id(m) for m in encoder.modules()}
-    for module in model.modules():  # see decoder.attend: every verified row as if it were alone
-        if isinstance(module, (MultiHeadAttention, HalfLinear)) and id(module) not in in_encoder:
-            module.rows_alone = True
+    # see decoder.attend: on the CPU, every verified row as if it were alone, which is what makes
+    # lossless exact there. Not on CUDA: there a row's last bits can depend on its company whatever
+    # is done (GEMM kernels are chosen by shape), and one product per row made every verification
+    # row cost a pass (a CUDA run of base-ctc chose never to draft: 1.00 tokens per pass)
+    if device_type == "cpu":
+        for module in model.modules():
+            if isinstance(module, (MultiHeadAttention, HalfLinear)) and id(module) not in in_encoder:
+                module.rows_alone = True
     dtype = invariant_dtype()
     if compute_type == "int8" and device_type == "cpu" and dtype is not None and _invariant_attention_holds(model, dtype):
         # the decoder's and draft heads' blocks: batched products whose rows do not depend on their

@@ -184,7 +184,9 @@ class HalfProjection(Projection):
 
     def forward(self, states: Tensor) -> Tensor:
         matrix = self.prepared.get("transposed", lambda: self.weight.T.contiguous(), self.weight)  # see FloatProjection
-        # one row at a time, for the reason given at compute.HalfLinear.rows_alone
         rows = states.reshape(-1, states.shape[-1]).to(matrix.dtype)
-        logits = torch.cat([rows[i:i + 1] @ matrix for i in range(rows.shape[0])]).float()
+        if rows.device.type == "cpu":  # one row at a time, for the reason given at compute.HalfLinear.rows_alone
+            logits = torch.cat([rows[i:i + 1] @ matrix for i in range(rows.shape[0])]).float()
+        else:
+            logits = (rows @ matrix).float()
         return logits.reshape(*states.shape[:-1], matrix.shape[1])

@@ -165,6 +165,21 @@ def test_linears_are_converted_everywhere_outside_the_encoder(tiny_en):
     assert project(model.decoder, hidden).dtype == torch.float32
 
 
+def test_rows_are_multiplied_one_at_a_time_on_the_cpu_only():
+    """On the CPU a verified row must get the bits it gets alone (lossless); on CUDA that cannot be
+    had, and one product per row made every verification row cost a whole pass."""
+    from whisper.model import MultiHeadAttention
+    from medusa_whisper.compute import _convert_structure
+
+    def alone(device_type):
+        model = random_model(MedusaConfig(num_heads=1))
+        _convert_structure(model, "float16" if device_type == "cuda" else "bfloat16", device_type)
+        flags = [getattr(m, "rows_alone", False) for m in model.decoder.modules() if isinstance(m, (MultiHeadAttention, HalfLinear))]
+        return len(flags) > 0 and all(flags), any(flags)
+    assert alone("cpu") == (True, True)
+    assert alone("cuda") == (False, False)
+
+
 # --- the cache of converted models ----------------------------------------------------------------
 
 

@@ -228,3 +228,13 @@ def test_one_synchronisation_per_captured_pass():
     syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
     # the passes' one read each, and the window's set-up (the prefill's read, the rules' tensors)
     assert len(syncs) <= generation.decoder_steps + 4, [str(w.message) for w in syncs[:5]]
+
+
+@cuda
+def test_ctc_drafts_are_accepted_on_cuda():
+    """A CUDA run of base-ctc once chose never to draft (1.00 tokens per pass): verification rows
+    were multiplied one at a time there, so the measured pass costs said extra rows never pay."""
+    model = medusa_whisper.load_model("base-ctc", device="cuda", compute_type="float16")
+    result = decode(model, mel_of(REAL).cuda(), options(fp16=True))
+    assert result.tokens_per_step > 1.3
+    assert result.draft_accepted > 0
