@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 THREADS ?= 2
 
-.PHONY: setup demo test test-quick speed bench bench-quick bench-setup bench-packages bench-long bench-pass bench-batch corpus speech heads clean
+.PHONY: setup demo test test-quick speed bench bench-quick bench-setup bench-packages bench-long bench-pass bench-batch gpu-pack corpus speech heads clean
 
 setup: $(VENV)/.installed
 
@@ -89,6 +89,16 @@ bench-long: setup $(LONG_AUDIO)
 data/long/real_repeated_3min.flac: | bench-packages
 	test -f data/real/real.csv || $(BIN)/python -m tools.data real
 	$(BIN)/python -m tools.data long --csv data/real/real.csv --minutes 3 --repeat 3 --long-pause-every 0 --out $@
+
+# What a borrowed CUDA machine needs for the GPU measurements (weights, the real recordings, the
+# 6-minute one, wheels), cut into parts of one device call each: .gpu/call*, and .gpu/PLAN.md says
+# which calls to make (tools/gpu/pack.py, tools/gpu/run.sh, docs/gpu.md).
+gpu-pack: setup data/real/real.csv data/long/real_6min.flac
+	$(BIN)/python -m tools.gpu pack --model $(MODEL) --long data/long/real_6min.flac --out .gpu
+
+data/long/real_6min.flac: | bench-packages
+	test -f data/real/real.csv || $(BIN)/python -m tools.data real
+	$(BIN)/python -m tools.data long --csv data/real/real.csv --minutes 6 --out $@
 
 data/long/real_8min.flac: | bench-packages
 	test -f data/real/real.csv || $(BIN)/python -m tools.data real

@@ -10,7 +10,8 @@ from whisper.audio import log_mel_spectrogram, pad_or_trim
 from whisper.decoding import DecodingOptions, DecodingResult, detect_language
 
 from .audio import load_audio
-from .decoding import MedusaDecodingOptions, MedusaDecodingResult, decode
+from .decoding import MedusaDecodingResult, decode
+from .options import MedusaDecodingOptions
 from .heads import MedusaConfig
 from .loading import DEFAULT_MODEL, available_models, load_model
 from .model import MedusaWhisper

@@ -29,12 +29,12 @@ from whisper.decoding import DecodingTask
 from whisper.model import Whisper
 
 from .decoder import DecoderCache, block_caches, decoder_hidden, decoder_rows_step, new_cache, next_token_logits
-from .decoding import (MedusaDecodingOptions, MedusaDecodingResult, as_medusa_options, verify,
-                       window_filters, window_result)
+from .decoding import MedusaDecodingResult, verify, window_filters, window_result
 from .drafting.base import ProposerStats
 from .drafting.tree import CandidateTree
 from .fixed_decoding import Generation
 from .masks import chain_mask
+from .options import MedusaDecodingOptions, as_medusa_options
 
 
 def batchable(options: MedusaDecodingOptions) -> bool:
@@ -147,37 +147,43 @@ class BatchDecoder:
                     sink(stream.key, stream.result())
 
     def _start(self, cache: DecoderCache, item: int, key, mel: Tensor, options: MedusaDecodingOptions) -> _Stream:
-        """Encode one window alone, put its cross-attention keys and values in ``item``, run its prompt
-        pass there alone and take its first token (``decoding._decode_one`` and ``_generate``'s first pass)."""
+        """Open the window, put its cross-attention keys and values in ``item``, run its prompt pass
+        there alone and take its first token (``decoding._decode_one`` and ``_generate``'s first pass)."""
         model = self.model
-        options = as_medusa_options(options)
-        task = DecodingTask(model, options)
-        began = time.perf_counter()
-        mel = mel.unsqueeze(0) if mel.ndim == 2 else mel
-        audio_features = task._get_audio_features(mel)
-        encode_seconds = time.perf_counter() - began
-        initial = torch.tensor([task.initial_tokens])
-        languages, language_probs = task._detect_language(audio_features, initial)
-        common = dict(audio_features=audio_features[0], language=languages[0],
-                      language_probs=language_probs[0] if language_probs else None)
-        began = time.perf_counter()
+        stream, audio_features = open_stream(model, key, mel, options)
         alone = new_cache(model.decoder, audio_features)  # its keys and values, computed for it alone
         cache.cross_attn.put(item, alone.cross_attn)
         mine = cache.batch_items(item, item + 1)
         mine.self_attn.keys.zero_(), mine.self_attn.values.zero_()  # as a fresh cache is for attention over every slot
-        tokens = initial[0].tolist()
-        limit = min(task.sample_begin + task.sample_len, task.n_ctx + 1)
-        stream = _Stream(key, task, options, common, window_filters(task, options), tokens, limit, encode_seconds,
-                         began)
-        n = len(tokens)
+        task = stream.task
+        n = len(stream.tokens)
         positions = torch.arange(n, device=model.device)
-        hidden = decoder_hidden(model.decoder, initial.to(model.device), positions, mine, 0,
-                                chain_mask(0, n, model.device))
+        hidden = decoder_hidden(model.decoder, torch.tensor([stream.tokens], device=model.device), positions, mine,
+                                0, chain_mask(0, n, model.device))
         if task.tokenizer.no_speech is not None:
             sot_logits = next_token_logits(model, hidden[:, task.sot_index])
             stream.no_speech_prob = float(sot_logits.softmax(dim=-1)[0, task.tokenizer.no_speech])
         stream.take(next_token_logits(model, hidden[0, n - 1:]))
         return stream
+
+
+def open_stream(model: Whisper, key, mel: Tensor, options: MedusaDecodingOptions) -> Tuple[_Stream, Tensor]:
+    """A window's stream before its first pass: whisper's task for it, its encoder output (computed
+    alone), its language (given or detected), filters and stopping rule; and the encoder output."""
+    options = as_medusa_options(options)
+    task = DecodingTask(model, options)
+    began = time.perf_counter()
+    mel = mel.unsqueeze(0) if mel.ndim == 2 else mel
+    audio_features = task._get_audio_features(mel)
+    encode_seconds = time.perf_counter() - began
+    initial = torch.tensor([task.initial_tokens])
+    languages, language_probs = task._detect_language(audio_features, initial)
+    common = dict(audio_features=audio_features[0], language=languages[0],
+                  language_probs=language_probs[0] if language_probs else None)
+    limit = min(task.sample_begin + task.sample_len, task.n_ctx + 1)
+    stream = _Stream(key, task, options, common, window_filters(task, options), initial[0].tolist(), limit,
+                     encode_seconds, time.perf_counter())
+    return stream, audio_features
 
 
 def decode_windows(model: Whisper, windows: Iterable[Tuple[object, Tensor, MedusaDecodingOptions]],

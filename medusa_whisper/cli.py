@@ -22,7 +22,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from .decoding import MODES, SPECULATIVE_DEFAULTS, MedusaDecodingOptions, as_medusa_options, speculative_options
+from .options import MODES, SPECULATIVE_DEFAULTS, MedusaDecodingOptions, as_medusa_options, speculative_options
 from .errors import MedusaWhisperError
 from .outputs import OUTPUT_FORMATS, WRITER_OPTIONS, formats, output_record  # noqa: F401 (output_record: API)
 

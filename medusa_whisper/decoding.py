@@ -14,7 +14,7 @@ own ``DecodingTask``, so options mean exactly what they mean in ``whisper.decode
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import List, Optional, Sequence, Union
 
 import numpy as np
@@ -32,47 +32,7 @@ from .drafting.base import Committed, Proposer, ProposerStats
 from .drafting.factory import make_proposer
 from .drafting.tree import CandidateTree
 from .fixed_decoding import Generation
-
-MODES = ("lossless", "typical", "off")
-
-
-@dataclass(frozen=True)
-class MedusaDecodingOptions(DecodingOptions):
-    # "lossless": accept a head's token only where it equals the verifier's argmax, so the output
-    # equals vanilla greedy decoding; "typical": the paper's threshold rule; "off": no speculation
-    mode: str = "lossless"
-    # how many of the model's heads to use (None: all)
-    num_heads: Optional[int] = None
-    # typical acceptance: accept token x if p(x) > min(typical_epsilon, typical_alpha * exp(-H(p)))
-    typical_epsilon: float = 0.09
-    typical_alpha: float = 0.3
-    # exponential-decay length penalty on end-of-text from this many sampled tokens on (None: off)
-    regulation_start: Optional[int] = None
-    regulation_factor: float = 1.01
-    # draft-model decoding (with a draft model): at most this many draft tokens per step, and
-    # whether that number adapts to the acceptance rate (seed 004's rule)
-    draft_tokens: int = 5
-    adaptive_lookahead: bool = False
-    # candidate trees: each drafted position offers its `tree_width` best tokens (1: a chain) and
-    # at most `tree_nodes` candidates are verified per pass (None: the proposer's default)
-    tree_width: int = 1
-    tree_nodes: Optional[int] = None
-    # LOSSY, never the default: with a CTC draft head, drafted tokens whose CTC frames all have an
-    # entropy below this many nats are accepted without verification (None: every token is verified)
-    lossy_ctc_entropy: Optional[float] = None
-
-
-# the fields that choose and shape speculation, which the command line and eval take as arguments
-# (their defaults come from here: this class is where they are declared)
-SPECULATIVE_OPTIONS = ("mode", "num_heads", "draft_tokens", "adaptive_lookahead", "tree_width", "tree_nodes",
-                       "lossy_ctc_entropy")
-SPECULATIVE_DEFAULTS = {f.name: f.default for f in fields(MedusaDecodingOptions) if f.name in SPECULATIVE_OPTIONS}
-
-
-def speculative_options(source) -> dict:
-    """The speculative fields of ``source`` (options, parsed arguments: anything with those attributes)."""
-    return {name: getattr(source, name) for name in SPECULATIVE_OPTIONS}
-
+from .options import MedusaDecodingOptions, as_medusa_options
 
 @dataclass(frozen=True)
 class MedusaDecodingResult(DecodingResult):
@@ -111,31 +71,6 @@ class ExponentialDecayLengthPenalty(LogitFilter):
         excess = tokens.shape[1] - self.sample_begin - self.start
         if excess > 0:
             logits[:, self.eot] += logits[:, self.eot].abs() * (self.factor**excess - 1)
-
-
-def _verify_options(options: MedusaDecodingOptions) -> MedusaDecodingOptions:
-    if options.mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {options.mode!r}")
-    if options.num_heads is not None and options.num_heads < 0:
-        raise ValueError("num_heads must be >= 0")
-    if not (0 < options.typical_epsilon <= 1 and options.typical_alpha > 0):
-        raise ValueError("typical_epsilon must be in (0, 1] and typical_alpha > 0")
-    if options.regulation_start is not None and options.regulation_factor < 1:
-        raise ValueError("regulation_factor must be >= 1")
-    if options.draft_tokens < 1:
-        raise ValueError("draft_tokens must be >= 1")
-    if options.tree_width < 1 or (options.tree_nodes is not None and options.tree_nodes < 1):
-        raise ValueError("tree_width and tree_nodes must be >= 1")
-    if options.lossy_ctc_entropy is not None and not options.lossy_ctc_entropy > 0:
-        raise ValueError("lossy_ctc_entropy must be > 0 (or None: lossless)")
-    return options
-
-
-def as_medusa_options(options: DecodingOptions, **overrides) -> MedusaDecodingOptions:
-    """Accept whisper's DecodingOptions too; ``overrides`` as in ``dataclasses.replace``."""
-    if not isinstance(options, MedusaDecodingOptions):
-        options = MedusaDecodingOptions(**{f.name: getattr(options, f.name) for f in fields(DecodingOptions)})
-    return _verify_options(replace(options, **overrides) if overrides else options)
 
 
 def _accepts(candidate: int, greedy: int, logprobs: Tensor, options: MedusaDecodingOptions) -> bool:
@@ -301,14 +236,17 @@ def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions, dra
 
     filters = window_filters(task, options)
     began = time.perf_counter()
-    gen, stats = None, ProposerStats()
-    fixed = fixed_decoding.decoder_for(model, audio_features, options) if draft is None else None
-    if fixed is not None:  # the fixed-shape step (CUDA graphs); None when a filter is not whisper's
-        gen = fixed.generate(task, audio_features, initial[0].tolist(), filters, stats)
-    if gen is None:
-        proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel)
+    gen, stats, proposer = None, ProposerStats(), None
+    fixed = fixed_decoding.decoder_for(model, audio_features, options, draft)
+    if fixed is not None:  # the fixed-shape step (CUDA graphs); its own heads propose in the pass, if any
+        if not fixed.num_heads:
+            proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel)
+        gen = fixed.generate(task, audio_features, initial[0].tolist(), filters, stats, proposer)
+    if gen is None:  # not there, or a filter that is not whisper's
+        if proposer is None:
+            proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel)
         gen = _generate(model, task, audio_features, initial[0].tolist(), filters, options, proposer)
-        stats = proposer.stats if proposer is not None else stats
+    stats = proposer.stats if proposer is not None else stats
     _sync(audio_features.device)
     decode_seconds = time.perf_counter() - began
     return window_result(task, options, common, gen, stats, encode_seconds, decode_seconds)

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from whisper.normalizers import BasicTextNormalizer, EnglishTextNormalizer
 
 from .audio import SAMPLE_RATE, load_audio
-from .decoding import MedusaDecodingOptions, speculative_options
+from .options import MedusaDecodingOptions, speculative_options
 from .decoding import decode as medusa_decode
 from .errors import MedusaWhisperError
 

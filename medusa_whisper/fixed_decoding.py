@@ -37,10 +37,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from whisper.decoding import DecodingTask, LogitFilter
 
-from .drafting.base import ProposerStats
+from .drafting.base import Committed, Proposer, ProposerStats
+from .drafting.tree import CandidateTree
 from .logit_rules import DeviceRules, RuleSettings
-from .step import FixedStep, UnsupportedStep, dense, linear
+from .step import FixedStep, dense, linear, supports as step_supports
 
+MAX_NODES = 64  # the largest candidate tree a pass verifies (more nodes are left out)
 STEP_ENV = "MEDUSA_WHISPER_STEP"
 STEP_CHOICES = ("auto", "fixed", "eager")
 
@@ -66,6 +68,63 @@ class Generation:
     sum_logprob: float
     no_speech_prob: float
     decoder_steps: int
+
+
+@dataclass
+class _TreeLayout:
+    """A candidate tree as the tree pass reads it, ``nodes`` slots long (a power of two: one graph
+    per size), packed into one int64 tensor so that it reaches the device in one copy.
+
+    tokens, depth, parent_rows (the pass's row of each node's parent: 0 for the pending token),
+    valid (0 for padding): (nodes,); ancestors (nodes, nodes): node j's ancestors and itself;
+    paths (nodes, nodes): node j's ancestors root side first, then j, then j repeated (unused)
+    """
+
+    tokens: Tensor
+    depth: Tensor
+    parent_rows: Tensor
+    valid: Tensor
+    ancestors: Tensor
+    paths: Tensor
+
+    @staticmethod
+    def pack(tree: CandidateTree, nodes: int) -> Tensor:
+        n = len(tree)
+        packed = torch.zeros(4 + 2 * nodes, nodes, dtype=torch.long)
+        packed[0, :n] = torch.tensor(tree.tokens)
+        packed[1, :n] = torch.tensor(tree.depths)
+        packed[2, :n] = torch.tensor(tree.parents) + 1
+        packed[3, :n] = torch.tensor(_reachable(tree), dtype=torch.long)
+        paths = torch.arange(nodes)[:, None].repeat(1, nodes)
+        for j in range(n):
+            chain = []
+            node = j
+            while node >= 0:
+                chain.append(node)
+                node = tree.parents[node]
+            chain.reverse()
+            paths[j, :len(chain)] = torch.tensor(chain)
+            packed[4 + j, chain] = 1
+        packed[4 + nodes:] = paths
+        return packed
+
+    @classmethod
+    def unpack(cls, packed: Tensor, nodes: int) -> "_TreeLayout":
+        return cls(packed[0], packed[1], packed[2], packed[3].bool(), packed[4:4 + nodes].bool(),
+                   packed[4 + nodes:])
+
+
+def _reachable(tree: CandidateTree) -> List[bool]:
+    """Per node, whether the verifier could keep it: not where an earlier sibling has the same token,
+    nor below such a node (``decoding.verify`` takes the first acceptable child). The tree pass
+    marks the others invalid, keeping the proposer's numbering of the nodes."""
+    reachable: List[bool] = []
+    seen = set()
+    for token, parent in zip(tree.tokens, tree.parents):
+        ok = (parent < 0 or reachable[parent]) and (parent, token) not in seen
+        seen.add((parent, token))
+        reachable.append(ok)
+    return reachable
 
 
 class _Heads:
@@ -103,18 +162,26 @@ def _medusa_heads(model, options) -> Tuple[object, int]:
     return heads, num
 
 
-def supported(model, options, draft=None) -> bool:
-    """Whether the fixed-shape loop decodes what ``options`` ask of ``model`` (else the eager loop)."""
+def supported(model, options) -> bool:
+    """Whether the fixed-shape loop decodes what ``options`` ask of ``model`` (else the eager loop):
+    greedy and lossless decoding with any proposer; not typical acceptance, the lossy CTC shortcut,
+    the length penalty (not one of whisper's filters), nor a model whose next-token logits go
+    through Medusa head 0 (``base_head``), which the step has not."""
     if options.mode not in ("off", "lossless") or options.regulation_start is not None:
         return False
-    if options.mode == "off":
-        return True
-    if draft is not None or getattr(model, "draft_head", None) is not None:
-        return False  # draft models and draft heads propose on the host (decoding._generate)
+    if options.lossy_ctc_entropy is not None:
+        return False
+    heads = getattr(model, "medusa", None)
+    return not (heads is not None and heads.has_base_head) and step_supports(model)
+
+
+def heads_on_device(model, options, draft=None) -> int:
+    """How many Medusa-Linear heads propose inside the pass (a chain of their best tokens); 0 where
+    the proposer is another (a tree, a draft head or model: it proposes on the host) or none."""
+    if draft is not None or getattr(model, "draft_head", None) is not None or options.tree_width != 1:
+        return 0
     heads, num = _medusa_heads(model, options)
-    if num == 0:
-        return True
-    return heads.config.heads_type == "linear" and options.tree_width == 1
+    return num if num and heads.config.heads_type == "linear" else 0
 
 
 class FixedDecoder:
@@ -137,13 +204,17 @@ class FixedDecoder:
             raise ValueError("CUDA graphs need a CUDA device")
         n_ctx = self.step.n_ctx
         # token history: position p's token at index p; the candidates go after the pending token
-        self.history = torch.zeros(1, n_ctx + num_heads + 2, dtype=torch.long, device=self.device)
+        self.history = torch.zeros(1, n_ctx + max(num_heads, MAX_NODES) + 2, dtype=torch.long, device=self.device)
         self.length = torch.ones(1, dtype=torch.long, device=self.device)  # tokens so far, the pending one included
         self.candidates = torch.zeros(1, max(num_heads, 1), dtype=torch.long, device=self.device)
         self.offsets = torch.arange(num_heads + 1, device=self.device)
+        self.node_index = torch.arange(MAX_NODES + 1, device=self.device)
         self.rules: Dict[tuple, DeviceRules] = {}
         self.passes: Dict[Tuple[tuple, int], Tuple[Callable[[], None], Tensor]] = {}
-        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.graphs: List["torch.cuda.CUDAGraph"] = []
+        self.trees: Dict[int, Tensor] = {}  # nodes -> the tree's packed description (_TreeLayout), on the device
+        self.kept: Dict[int, Tensor] = {}  # nodes -> the states at the pending token and the accepted path
+        self.staging: Dict[int, Tensor] = {}  # nodes -> the packed tree on the host (pinned on CUDA)
         self.host_reads = 0  # copies from the device the loop waited for (tests count them)
 
     # ------------------------------------------------------------------ the pass on the device
@@ -172,12 +243,65 @@ class FixedDecoder:
             self.candidates.copy_(self.heads.propose(last))
         out.copy_(torch.cat([accepted.double(), greedy[0].double(), logprobs[0].double()]))
 
+    def _tree_pass(self, nodes: int, rules: DeviceRules, out: Tensor) -> None:
+        """One verification pass of the pending token and a tree of ``nodes`` candidates proposed on
+        the host (``_TreeLayout`` packs it): as ``decoding.verify`` walks it, on the device. Node j
+        sits at position L-1+depth(j) and slot L+j, sees the committed slots and its ancestors; the
+        accepted path is the deepest node whose every ancestor's token equals the greedy token of
+        its parent's row; its slots are moved to follow the pending token's, as ``compact`` does."""
+        layout = _TreeLayout.unpack(self.trees[nodes], nodes)
+        length, step = self.length, self.step
+        rows = nodes + 1
+        arange = self.node_index[:nodes]
+        start = length - 1  # the pending token's position and slot
+        positions = torch.cat([start, start + layout.depth])[None]  # (1, rows)
+        slots = torch.cat([start, length + arange])[None]
+        committed = step.slots <= start  # (n_ctx,)
+        own = torch.zeros(nodes, step.n_ctx, dtype=torch.bool, device=self.device)
+        own.scatter_(1, (length + arange).expand(nodes, nodes), layout.ancestors)  # ancestors' slots
+        mask = torch.cat([committed[None], committed[None] | own])[None]  # (1, rows, n_ctx)
+        tokens = torch.cat([self.history.gather(1, start[:, None])[0], layout.tokens])[None]
+        hidden = step(tokens, positions, mask, slots)
+        logits = step.logits(hidden)  # (1, rows, n_vocab)
+        predictions = logits.argmax(dim=-1)[0]  # before the rules, for the proposer
+        # each row's context: the history, then its path of candidates
+        contexts = self.history.expand(rows, -1).clone()
+        path_tokens = layout.tokens[layout.paths]  # (nodes, nodes): node j's path, root side first
+        contexts[1:].scatter_(1, (length + arange).expand(nodes, nodes), path_tokens)
+        lengths = torch.cat([length, length + layout.depth])[:, None]  # (rows, 1)
+        logits = rules.apply(logits.view(rows, 1, -1), contexts, lengths).view(1, rows, -1)
+        greedy = logits.argmax(dim=-1)[0]  # (rows,)
+        logprobs = F.log_softmax(logits[0], dim=-1).gather(-1, greedy[:, None])[:, 0]
+        fits = layout.valid & (layout.tokens == greedy[layout.parent_rows])
+        on_path = ~((~fits)[None, :] & layout.ancestors).any(dim=-1)
+        reach = torch.where(on_path, layout.depth, 0)
+        accepted = reach.max().reshape(1)
+        deepest = reach.argmax().reshape(1)
+        path = layout.paths.index_select(0, deepest)[0]  # the accepted nodes in depth order, then unused
+        path_rows = torch.cat([torch.zeros_like(accepted), 1 + path])  # (rows,)
+        for cache in (step.keys, step.values):  # the accepted nodes' slots follow the pending token's
+            cache.index_copy_(3, length + arange, cache.index_select(3, length + path))
+        self.history.scatter_(1, (length + self.node_index[:rows])[None], greedy[path_rows][None])
+        self.length.add_(accepted + 1)
+        self.kept[nodes].copy_(hidden[:, path_rows])
+        out.copy_(torch.cat([deepest.double(), accepted.double(), greedy[path_rows].double(),
+                             logprobs[path_rows].double(), predictions.double()]))
+
     def _program(self, rows: int, rules: DeviceRules) -> Tuple[Callable[[], None], Tensor]:
         """The pass over ``rows`` rows as a callable (a graph's replay on CUDA) and its output buffer."""
         key = (rules.key, rows)
         if key not in self.passes:
             out = torch.zeros(1 + 2 * rows, dtype=torch.float64, device=self.device)
             run = lambda: self._pass(rows, rules, out)  # noqa: E731
+            self.passes[key] = (self._captured(run) if self.capture else run, out)
+        return self.passes[key]
+
+    def _tree_program(self, nodes: int, rules: DeviceRules) -> Tuple[Callable[[], None], Tensor]:
+        """The tree pass over ``nodes`` nodes as a callable (a graph's replay on CUDA) and its output."""
+        key = (rules.key, "tree", nodes)
+        if key not in self.passes:
+            out = torch.zeros(2 + 3 * (nodes + 1), dtype=torch.float64, device=self.device)
+            run = lambda: self._tree_pass(nodes, rules, out)  # noqa: E731
             self.passes[key] = (self._captured(run) if self.capture else run, out)
         return self.passes[key]
 
@@ -193,11 +317,13 @@ class FixedDecoder:
                 run()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # a memory pool of its own: every graph's tensors die within its replay, and graphs of several
+        # rows counts replay in any order (a shared pool is safe only in capture order)
+        with torch.cuda.graph(graph):
             run()
         for mine, before in zip((self.history, self.length, self.candidates), saved):
             mine.copy_(before)
-        self.graphs = getattr(self, "graphs", []) + [graph]  # kept alive with the decoder
+        self.graphs.append(graph)  # kept alive with the decoder
         return graph.replay
 
     def _read(self, out: Tensor) -> List[float]:
@@ -220,39 +346,94 @@ class FixedDecoder:
 
     @torch.no_grad()
     def generate(self, task: DecodingTask, audio_features: Tensor, initial: List[int],
-                 filters: Sequence[LogitFilter], stats: ProposerStats) -> Optional[Generation]:
-        """Decode one window, as ``decoding._generate`` does; None when a filter is not whisper's."""
+                 filters: Sequence[LogitFilter], stats: ProposerStats,
+                 proposer: Optional[Proposer] = None) -> Optional[Generation]:
+        """Decode one window, as ``decoding._generate`` does; None when a filter is not whisper's.
+
+        proposer : a proposer on the host (any of drafting/), whose trees each pass verifies; None
+                   for this decoder's own Medusa heads (in the pass) or plain greedy steps
+        """
         rules = self._rules(filters, self.step.vocabulary.shape[0])
         if rules is None:
             return None
         eot, no_speech = task.tokenizer.eot, task.tokenizer.no_speech
         limit = min(task.sample_begin + task.sample_len, task.n_ctx + 1)  # whisper's two stopping rules
         self.step.set_audio(audio_features)
-        first, no_speech_prob = self._prefill(initial, rules, task.sot_index, no_speech)
+        first, no_speech_prob, prompt_states = self._prefill(initial, rules, task.sot_index, no_speech)
         tokens = list(initial) + [int(first[1])]
         sum_logprob, steps = first[2], 1
+        if proposer is not None and tokens[-1] != eot and len(tokens) < limit:
+            proposer.commit(Committed(tokens=list(initial), hidden=prompt_states, position=0, next_token=tokens[-1],
+                                      n_accepted=0, n_proposed=0, predictions=[int(first[3])]))
         while tokens[-1] != eot and len(tokens) < limit:
             room = min(limit - len(tokens) - 1, task.n_ctx - len(tokens))
-            k = self.num_heads if room >= self.num_heads else 0
-            run, out = self._program(k + 1, rules)
-            run()
-            values = self._read(out)
+            if proposer is not None:
+                tree = proposer.propose().truncated(max(room, 0))
+                emitted, logprobs, commit = self._verify_tree(tree, rules, tokens)
+                proposed = accepted = 0  # counted by the proposer's own commit
+            else:
+                k = self.num_heads if room >= self.num_heads else 0
+                run, out = self._program(k + 1, rules)
+                run()
+                values = self._read(out)
+                proposed, accepted = k, int(values[0])
+                emitted, logprobs, commit = values[1:2 + accepted], values[2 + k:3 + k + accepted], None
             steps += 1
-            accepted = int(values[0])
             kept = 0
-            for token, logprob in zip(values[1:2 + accepted], values[2 + k:3 + k + accepted]):
+            for token, logprob in zip(emitted, logprobs):
                 tokens.append(int(token))
                 sum_logprob += logprob
                 kept += 1
                 if token == eot or len(tokens) >= limit:
                     break
-            _count(stats, k, min(accepted, kept))
+            if commit is not None and tokens[-1] != eot and len(tokens) < limit:
+                proposer.commit(commit)
+            _count(stats, proposed, min(accepted, kept))
         return Generation(tokens, sum_logprob, no_speech_prob, steps)
 
+    def _verify_tree(self, tree: CandidateTree, rules: DeviceRules,
+                     tokens: List[int]) -> Tuple[List[float], List[float], Committed]:
+        """One pass over a host proposer's tree after ``tokens`` (the last one pending): the tokens
+        it gives (accepted candidates, then the verifier's own), their log-probabilities, and what
+        to tell the proposer."""
+        length = len(tokens)
+        room = self.step.n_ctx - length  # slots left after the pending token's
+        nodes = 1 << max(len(tree) - 1, 0).bit_length()  # a power of two: one graph per size
+        while nodes > min(MAX_NODES, room) and nodes > 1:
+            nodes //= 2
+        if len(tree) > nodes:  # parents come first, so a prefix of the nodes is a tree
+            tree = CandidateTree(tree.tokens[:nodes], tree.parents[:nodes], tree.scores[:nodes])
+        packed = _TreeLayout.pack(tree, nodes)
+        if nodes not in self.trees:
+            self.trees[nodes] = torch.zeros_like(packed, device=self.device)
+            self.kept[nodes] = torch.zeros(1, nodes + 1, self.step.n_state, dtype=self.step.residual,
+                                           device=self.device)
+            self.staging[nodes] = packed.pin_memory() if self.device.type == "cuda" else packed
+        self.staging[nodes].copy_(packed)
+        self.trees[nodes].copy_(self.staging[nodes], non_blocking=True)
+        run, out = self._tree_program(nodes, rules)
+        run()
+        values = self._read(out)
+        rows = nodes + 1
+        deepest, accepted = int(values[0]), int(values[1])
+        path: List[int] = []
+        node = deepest if accepted else -1
+        while node >= 0:
+            path.append(node)
+            node = tree.parents[node]
+        path.reverse()
+        greedy = values[2:2 + rows]
+        committed = Committed(tokens=[tokens[-1]] + [tree.tokens[j] for j in path],
+                              hidden=self.kept[nodes][:, :1 + accepted].clone(), position=length - 1,
+                              next_token=int(greedy[accepted]), n_accepted=accepted, n_proposed=len(tree),
+                              predictions=[int(p) for p in values[2 + 2 * rows:2 + 2 * rows + 1 + len(tree)]])
+        return greedy[:1 + accepted], values[2 + rows:3 + rows + accepted], committed
+
     def _prefill(self, initial: List[int], rules: DeviceRules, sot_index: int,
-                 no_speech: Optional[int]) -> Tuple[List[float], float]:
+                 no_speech: Optional[int]) -> Tuple[List[float], float, Tensor]:
         """The pass over the initial tokens (eager: their number changes with the prompt): the first
-        sampled token, its log-probability, the no-speech probability, and the first candidates."""
+        sampled token, its log-probability, the argmax before the rules, the no-speech probability,
+        the first candidates of the decoder's own heads, and the prompt's states."""
         n = len(initial)
         self.history.zero_()
         self.history[0, :n] = torch.tensor(initial, device=self.device)
@@ -260,6 +441,7 @@ class FixedDecoder:
         hidden = self.step(self.history[:, :n], positions)
         logits = self.step.logits(hidden[:, [sot_index, n - 1]])
         speech = logits[:, 0].softmax(dim=-1)[:, no_speech] if no_speech is not None else logits.new_zeros(1)
+        prediction = logits[:, 1].argmax(dim=-1)
         last = rules.apply(logits[:, 1:], self.history, positions[:, -1:] + 1)
         greedy = last.argmax(dim=-1)  # (1, 1)
         logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
@@ -268,8 +450,8 @@ class FixedDecoder:
         if self.heads is not None:
             self.candidates.copy_(self.heads.propose(hidden[:, n - 1]))
         values = self._read(torch.cat([torch.zeros(1, device=self.device, dtype=torch.float64), greedy[0].double(),
-                                       logprob[0].double(), speech.double()]))
-        return values[:3], values[3] if no_speech is not None else float("nan")
+                                       logprob[0].double(), prediction.double(), speech.double()]))
+        return values[:4], values[4] if no_speech is not None else float("nan"), hidden
 
 
 def _count(stats: ProposerStats, proposed: int, accepted: int) -> None:
@@ -282,17 +464,14 @@ def _count(stats: ProposerStats, proposed: int, accepted: int) -> None:
         depth[d] += 1
 
 
-def decoder_for(model, audio_features: Tensor, options) -> Optional[FixedDecoder]:
+def decoder_for(model, audio_features: Tensor, options, draft=None) -> Optional[FixedDecoder]:
     """The model's fixed-shape decoder for these options and features (made once, kept on the
-    model), or None where the eager loop must decode (``supported``, ``UnsupportedStep``)."""
+    model), or None where the eager loop must decode (``wanted``, ``supported``)."""
     if not (wanted(audio_features.device) and supported(model, options)):
         return None
-    _, num_heads = _medusa_heads(model, options)
+    num_heads = heads_on_device(model, options, draft)
     key = (audio_features.device, audio_features.dtype, num_heads)
     decoders = model.__dict__.setdefault("fixed_decoders", {})  # not a submodule: no state-dict entries
     if key not in decoders:
-        try:
-            decoders[key] = FixedDecoder(model, audio_features.dtype, audio_features.device, num_heads)
-        except UnsupportedStep:
-            decoders[key] = None
+        decoders[key] = FixedDecoder(model, audio_features.dtype, audio_features.device, num_heads)
     return decoders[key]

@@ -27,22 +27,26 @@ class Layer(NamedTuple):
 LAYERS: Tuple[Layer, ...] = (
     Layer("foundation", "the error hierarchy, where files go, this table: everything may use them, they use nothing",
           ("medusa_whisper.errors", "medusa_whisper.paths", "medusa_whisper.layers")),
+    Layer("options", "what a decoding is asked to do (whisper's DecodingOptions and speculation's): plain data, "
+                     "read by the decoding loop, the proposers' factory, the command line and evaluation",
+          ("medusa_whisper.options",)),
     Layer("audio", "reading audio files, the streamed mel front end, voice activity: no model, no options",
           ("medusa_whisper.sniff", "medusa_whisper.audio", "medusa_whisper.mel", "medusa_whisper.vad")),
     Layer("kernels", "tensor-level pieces (measured linear routes, int8 arithmetic, row-invariant attention, the "
-                     "static cache, masks, the vocabulary projection modules): no model, no I/O beyond the route "
-                     "timings' cache file",
+                     "static cache, masks, the vocabulary projection modules, whisper's logit filters as tensor operations): no "
+                     "model, no I/O beyond the route timings' cache file",
           ("medusa_whisper.routes", "medusa_whisper.int8_kernels", "medusa_whisper.invariant_attention",
-           "medusa_whisper.kv_cache", "medusa_whisper.masks", "medusa_whisper.projection")),
+           "medusa_whisper.kv_cache", "medusa_whisper.masks", "medusa_whisper.projection",
+           "medusa_whisper.logit_rules")),
     Layer("proposer seam", "what the decoding loop sees of any proposer (candidate trees, propose() and "
                            "commit()): plain data and masks, no model",
           ("medusa_whisper.drafting", "medusa_whisper.drafting.tree", "medusa_whisper.drafting.base")),
     Layer("compute types", "int8/bfloat16 layers and the load-time surgery that swaps them in (the linears, and the "
                            "decoder's projection for its compute type)",
           ("medusa_whisper.compute",)),
-    Layer("decoder and heads", "whisper's decoder run with explicit positions, cache slots and masks; the Medusa "
-                               "head modules",
-          ("medusa_whisper.decoder", "medusa_whisper.heads")),
+    Layer("decoder and heads", "whisper's decoder run with explicit positions, cache slots and masks, and as one "
+                               "fixed-shape step for CUDA graphs; the Medusa head modules",
+          ("medusa_whisper.decoder", "medusa_whisper.step", "medusa_whisper.heads")),
     Layer("drafters", "draft head modules, the proposers, and the one factory that builds a proposer from the "
                       "options; draft_head loads eagle/ctc/union by name (importlib), unseen by ast",
           ("medusa_whisper.drafting.draft_head", "medusa_whisper.drafting.ctc_units",
@@ -50,10 +54,12 @@ LAYERS: Tuple[Layer, ...] = (
            "medusa_whisper.drafting.ctc_proposer", "medusa_whisper.drafting.ctc", "medusa_whisper.drafting.eagle",
            "medusa_whisper.drafting.union", "medusa_whisper.drafting.medusa", "medusa_whisper.drafting.draft_model",
            "medusa_whisper.drafting.replay", "medusa_whisper.drafting.pass_costs", "medusa_whisper.drafting.factory")),
-    Layer("decoding", "the options, the speculative loop and verify(); knows proposers only through the seam; "
-                      "batched greedy decoding of many windows, which reuses verify() and the result fields; "
-                      "sampling and beam search as whisper's DecodingTask over the package's step (candidates)",
-          ("medusa_whisper.candidates", "medusa_whisper.decoding", "medusa_whisper.batched")),
+    Layer("decoding", "the speculative loop and verify(); knows proposers only through the seam; the same loop on "
+                      "the device (fixed_decoding: one fixed-shape pass, CUDA graphs); batched greedy decoding of many "
+                      "windows, which reuses verify() and the result fields; sampling and beam search as whisper's "
+                      "DecodingTask over the package's step (candidates)",
+          ("medusa_whisper.candidates", "medusa_whisper.fixed_decoding", "medusa_whisper.decoding",
+           "medusa_whisper.batched", "medusa_whisper.fixed_batched")),
     Layer("model", "the whisper-shaped surface: MedusaWhisper imports transcribe at top level for its method, as "
                    "whisper/model.py does, while transcribe takes the model as an argument and never imports it",
           ("medusa_whisper.chunked", "medusa_whisper.vad_filter", "medusa_whisper.transcribe", "medusa_whisper.model")),

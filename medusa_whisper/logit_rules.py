@@ -70,12 +70,14 @@ class DeviceRules:
     captured graph that reads them reads the next window's settings; the rest is ``key``.
     """
 
-    def __init__(self, settings: RuleSettings, device):
+    def __init__(self, settings: RuleSettings, device, batch: int = 1):
+        """batch : sequences side by side, each with settings of its own (``load(settings, item)``)
+        and the same ``key``"""
         vocab = torch.arange(settings.n_vocab, device=device)
-        self.vocab, self.key = vocab, settings.key
-        self.sample_begin = torch.zeros((), dtype=torch.long, device=device)
-        self.always = torch.zeros(settings.n_vocab, device=device)
-        self.blank = None if settings.blank is None else torch.zeros(settings.n_vocab, dtype=torch.bool,
+        self.vocab, self.key, self.batch = vocab, settings.key, batch
+        self.sample_begin = torch.zeros(batch, dtype=torch.long, device=device)
+        self.always = torch.zeros(batch, settings.n_vocab, device=device)
+        self.blank = None if settings.blank is None else torch.zeros(batch, settings.n_vocab, dtype=torch.bool,
                                                                       device=device)
         self.timestamps = settings.timestamp_begin is not None
         self.last_initial = None
@@ -86,8 +88,8 @@ class DeviceRules:
             self.is_text = vocab < settings.eot  # what may not follow a lone timestamp
             self.before_timestamps = vocab < begin
             if settings.max_initial is not None:
-                self.last_initial = torch.zeros((), dtype=torch.long, device=device)
-        self.settings: Optional[RuleSettings] = None
+                self.last_initial = torch.zeros(batch, dtype=torch.long, device=device)
+        self.settings: List[Optional[RuleSettings]] = [None] * batch
         self.load(settings)
 
     @classmethod
@@ -95,42 +97,48 @@ class DeviceRules:
         settings = RuleSettings.of(filters, n_vocab)
         return None if settings is None else cls(settings, device)
 
-    def load(self, settings: RuleSettings) -> None:
-        """Take ``settings`` (of the same ``key``) into the tensors, in place. Only what changed is
-        written, and scalars by ``fill_``: a new window costs no copy from the host unless its
-        suppressed tokens differ."""
+    def load(self, settings: RuleSettings, item: Optional[int] = None) -> None:
+        """Take ``settings`` (of the same ``key``) into the tensors of batch item ``item`` (default:
+        every item), in place. Only what changed is written, and scalars by ``fill_``: a new window
+        costs no copy from the host unless its suppressed tokens differ."""
         if settings.key != self.key:
             raise ValueError(f"rules of another structure: {settings.key} against {self.key}")
-        old, self.settings = self.settings, settings
-        if old is None or old.sample_begin != settings.sample_begin:
-            self.sample_begin.fill_(settings.sample_begin)
-        if self.last_initial is not None and (old is None or old.max_initial != settings.max_initial):
-            self.last_initial.fill_(settings.timestamp_begin + settings.max_initial)
-        if old is None or old.suppress != settings.suppress:
-            self.always.zero_()
-            self.always[list(settings.suppress)] = NEG_INF
-        if self.blank is not None and (old is None or old.blank != settings.blank):
-            self.blank.zero_()
-            self.blank[list(settings.blank)] = True
+        for i in range(self.batch) if item is None else (item,):
+            old, self.settings[i] = self.settings[i], settings
+            at = slice(i, i + 1)
+            if old is None or old.sample_begin != settings.sample_begin:
+                self.sample_begin[at].fill_(settings.sample_begin)
+            if self.last_initial is not None and (old is None or old.max_initial != settings.max_initial):
+                self.last_initial[at].fill_(settings.timestamp_begin + settings.max_initial)
+            if old is None or old.suppress != settings.suppress:
+                self.always[i].zero_()
+                self.always[i, list(settings.suppress)] = NEG_INF
+            if self.blank is not None and (old is None or old.blank != settings.blank):
+                self.blank[i].zero_()
+                self.blank[i, list(settings.blank)] = True
 
-    def apply(self, logits: Tensor, history: Tensor, lengths: Tensor) -> Tensor:
+    def apply(self, logits: Tensor, history: Tensor, lengths: Tensor, item: Optional[int] = None) -> Tensor:
         """Filter ``logits`` in place, as whisper's filters would for each row on its own; returns them.
 
         logits  : shape = (batch, rows, n_vocab), float
         history : shape = (batch, n), long: the tokens of each sequence (initial ones included)
         lengths : shape = (batch, rows), long: row r's context is history[b, :lengths[b, r]]; at least 1
+        item    : the one batch item these are (a pass over that sequence alone), or None for all
         """
-        logits.add_(self.always)
-        sampled = lengths - self.sample_begin  # (batch, rows): tokens sampled before each row
+        at = slice(None) if item is None else slice(item, item + 1)
+        sample_begin = self.sample_begin[at, None]  # (batch, 1)
+        logits.add_(self.always[at, None, :])
+        sampled = lengths - sample_begin  # (batch, rows): tokens sampled before each row
         first = (sampled == 0)[..., None]
         if self.blank is not None:
-            logits.masked_fill_(first & self.blank, NEG_INF)
+            logits.masked_fill_(first & self.blank[at, None, :], NEG_INF)
         if self.timestamps:
-            self._timestamp_rules(logits, history, lengths, sampled, first)
+            last_initial = None if self.last_initial is None else self.last_initial[at, None, None]
+            self._timestamp_rules(logits, history, lengths, sampled, first, sample_begin, last_initial)
         return logits
 
     def _timestamp_rules(self, logits: Tensor, history: Tensor, lengths: Tensor, sampled: Tensor,
-                         first: Tensor) -> None:
+                         first: Tensor, sample_begin: Tensor, last_initial: Optional[Tensor]) -> None:
         """ApplyTimestampRules.apply, for every row at once."""
         begin = self.begin
         last = history.gather(1, (lengths - 1).clamp(min=0))
@@ -142,7 +150,7 @@ class DeviceRules:
         logits.masked_fill_((last_was & ~penultimate_was)[..., None] & self.is_text, NEG_INF)
         # no timestamp before the last one sampled (nor equal to it, unless it opens a pair)
         slots = torch.arange(history.shape[1], device=history.device)
-        in_sample = (slots >= self.sample_begin) & (slots < lengths[..., None])  # (batch, rows, n)
+        in_sample = (slots >= sample_begin[..., None]) & (slots < lengths[..., None])  # (batch, rows, n)
         is_stamp = in_sample & (history[:, None, :] >= begin)
         latest = torch.where(is_stamp, slots, -1).amax(dim=-1)  # index of the last sampled timestamp
         stamp = history.gather(1, latest.clamp(min=0))
@@ -151,8 +159,8 @@ class DeviceRules:
         logits.masked_fill_((latest >= 0)[..., None] & below, NEG_INF)
         # the first sampled token is a timestamp, at most max_initial after the start
         logits.masked_fill_(first & self.before_timestamps, NEG_INF)
-        if self.last_initial is not None:
-            logits.masked_fill_(first & (self.vocab > self.last_initial), NEG_INF)
+        if last_initial is not None:
+            logits.masked_fill_(first & (self.vocab > last_initial), NEG_INF)
         # a timestamp when the timestamps together are more probable than any text token
         logprobs = F.log_softmax(logits.float(), dim=-1)
         stamps = logprobs[..., begin:].logsumexp(dim=-1)

@@ -50,6 +50,19 @@ def dense(module: nn.Module, dtype: torch.dtype) -> Product:
     return weight.detach().to(dtype).contiguous(), None if bias is None else bias.detach().to(dtype).contiguous()
 
 
+def supports(model: nn.Module) -> bool:
+    """Whether ``FixedStep`` can run this model's decoder (else ``UnsupportedStep`` at construction)."""
+    for block in model.decoder.blocks:
+        mlp = block.mlp
+        if not (isinstance(mlp, nn.Sequential) and len(mlp) == 3 and isinstance(mlp[1], nn.GELU)):
+            return False
+        linears = [block.attn.query, block.attn.key, block.attn.value, block.attn.out, block.cross_attn.query,
+                   block.cross_attn.key, block.cross_attn.value, block.cross_attn.out, mlp[0], mlp[2]]
+        if not all(isinstance(m, (nn.Linear, HalfLinear, Int8Linear)) for m in linears):
+            return False
+    return True
+
+
 def product_dtype(decoder: nn.Module, residual: torch.dtype) -> torch.dtype:
     """The dtype the decoder's products run in: a half compute type's, else the residual stream's
     (whisper's ``Linear`` casts its weight to its input's dtype)."""
@@ -134,28 +147,25 @@ class FixedStep:
         self.slots = torch.arange(self.n_ctx, device=device)
 
     @torch.no_grad()
-    def set_audio(self, features: Tensor, items: Optional[Tensor] = None) -> None:
-        """Fill the cross-attention buffers of batch items ``items`` (default: all) from their
-        windows' encoder output, shape = (len(items), n_audio_ctx, n_audio_state). In place: a
-        captured graph keeps reading the same buffers."""
+    def set_audio(self, features: Tensor, item: Optional[int] = None) -> None:
+        """Fill the cross-attention buffers from windows' encoder output, shape = (batch,
+        n_audio_ctx, n_audio_state), or (1, ...) for batch item ``item`` alone. In place: a captured
+        graph keeps reading the same buffers."""
         features = features.to(self.residual)
         rows, n, _ = features.shape
+        at = slice(None) if item is None else slice(item, item + 1)
         for i, layer in enumerate(self.layers):
             k = linear(features, layer.cross_key).view(rows, n, self.n_head, -1).transpose(1, 2)
             v = linear(features, layer.cross_value).view(rows, n, self.n_head, -1).transpose(1, 2)
-            if items is None:
-                self.cross_keys[i].copy_(k)
-                self.cross_values[i].copy_(v)
-            else:
-                self.cross_keys[i].index_copy_(0, items, k)
-                self.cross_values[i].index_copy_(0, items, v)
+            self.cross_keys[i, at].copy_(k)
+            self.cross_values[i, at].copy_(v)
 
     def chain_mask(self, positions: Tensor) -> Tensor:
         """(batch, rows, n_ctx) bool: row at position p sees slots [0, p]."""
         return self.slots <= positions[..., None]
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Optional[Tensor] = None,
-                slots: Optional[Tensor] = None) -> Tensor:
+                slots: Optional[Tensor] = None, item: Optional[int] = None) -> Tensor:
         """Post-LayerNorm decoder states of new rows; writes their keys and values at their slots.
 
         tokens, positions : shape = (batch, rows), long; positions below n_ctx
@@ -164,6 +174,7 @@ class FixedStep:
         slots             : shape = (batch, rows), the cache slots the rows' keys and values go to,
                             distinct per item (default: their positions, as in a chain; a tree's
                             nodes share positions and take consecutive slots)
+        item              : run batch item ``item`` alone (tokens etc. of batch 1): a window's prompt
         returns           : shape = (batch, rows, n_state), in the residual dtype
         """
         batch, rows = tokens.shape
@@ -172,17 +183,19 @@ class FixedStep:
         allowed = (self.chain_mask(positions) if mask is None else mask)[:, None]  # (batch, 1, rows, n_ctx)
         slots = positions if slots is None else slots
         index = slots[:, None, :, None].expand(batch, n_head, rows, n_state // n_head)
+        at = slice(None) if item is None else slice(item, item + 1)
         for i, layer in enumerate(self.layers):
+            keys, values = self.keys[i, at], self.values[i, at]
             h = layer_norm(x, layer.attn_ln)
             q, k, v = (t.view(batch, rows, n_head, -1).transpose(1, 2)
                        for t in linear(h, layer.qkv).split(n_state, dim=-1))
-            self.keys[i].scatter_(2, index, k)
-            self.values[i].scatter_(2, index, v)
-            o = F.scaled_dot_product_attention(q, self.keys[i], self.values[i], attn_mask=allowed)
+            keys.scatter_(2, index, k)
+            values.scatter_(2, index, v)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
             x = x + linear(o.transpose(1, 2).reshape(batch, rows, n_state), layer.out)
             h = layer_norm(x, layer.cross_ln)
             q = linear(h, layer.cross_query).view(batch, rows, n_head, -1).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, self.cross_keys[i], self.cross_values[i])
+            o = F.scaled_dot_product_attention(q, self.cross_keys[i, at], self.cross_values[i, at])
             x = x + linear(o.transpose(1, 2).reshape(batch, rows, n_state), layer.cross_out)
             h = layer_norm(x, layer.mlp_ln)
             x = x + linear(F.gelu(linear(h, layer.fc1)), layer.fc2)

@@ -34,7 +34,8 @@ from whisper.tokenizer import LANGUAGES, Tokenizer, get_tokenizer
 from whisper.utils import format_timestamp, get_end, make_safe
 
 from .audio import AudioInput, load_audio, open_audio
-from .decoding import MedusaDecodingOptions, MedusaDecodingResult, as_medusa_options, decode
+from .decoding import MedusaDecodingResult, decode
+from .options import MedusaDecodingOptions, as_medusa_options
 from .mel import LogMelFrames
 
 # options that exist in MedusaDecodingOptions but not in whisper's DecodingOptions
@@ -575,7 +576,8 @@ def transcribe_many(model, audios: Sequence[Union[AudioInput, Path]], *, batch_s
               it fails with a MedusaWhisperError (the others go on); without it the error is raised
     returns : the results in input order (None for a failed recording)
     """
-    from .batched import BatchDecoder, batchable
+    from .batched import batchable
+    from .fixed_batched import batch_decoder
     from .errors import MedusaWhisperError
 
     results: List[Optional[dict]] = [None] * len(audios)
@@ -619,7 +621,7 @@ def transcribe_many(model, audios: Sequence[Union[AudioInput, Path]], *, batch_s
         index, request = queue.pop(0)
         return index, request.mel, request.options
 
-    BatchDecoder(model, batch_size).run(source, advance)
+    batch_decoder(model, batch_size).run(source, advance)
     return results
 
 

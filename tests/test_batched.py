@@ -6,7 +6,8 @@ import whisper
 
 import medusa_whisper
 from medusa_whisper.batched import BatchDecoder, batchable, decode_windows
-from medusa_whisper.decoding import MedusaDecodingOptions, decode
+from medusa_whisper.decoding import decode
+from medusa_whisper.options import MedusaDecodingOptions
 
 CLIPS = ["tests/data/real/jfk.flac", "tests/data/espeak_weather.flac", "tests/data/flite_recipe.flac",
          "tests/data/espeak_meeting.flac", "tests/data/flite_train.flac"]

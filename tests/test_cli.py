@@ -287,7 +287,7 @@ def test_draft_options_reach_the_model_and_transcribe(fake_model, capsys):
 def test_the_speculative_arguments_are_the_options_fields_with_their_defaults():
     """cli and eval read the speculative options from MedusaDecodingOptions, declared once there."""
     from medusa_whisper.cli import build_parser, transcribe_options
-    from medusa_whisper.decoding import SPECULATIVE_OPTIONS, MedusaDecodingOptions, speculative_options
+    from medusa_whisper.options import SPECULATIVE_OPTIONS, MedusaDecodingOptions, speculative_options
 
     defaults = speculative_options(MedusaDecodingOptions())
     parser = build_parser()

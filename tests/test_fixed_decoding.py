@@ -8,6 +8,7 @@ the CPU. The CUDA tests compare the captured graphs with the same loop uncapture
 host's waits; they skip where there is no GPU.
 """
 
+import os
 import warnings
 
 import pytest
@@ -20,8 +21,8 @@ import medusa_whisper
 from medusa_whisper import MedusaConfig, decode
 from medusa_whisper import fixed_decoding
 from medusa_whisper.decoder import decoder_hidden, new_cache, project
-from medusa_whisper.drafting.tree import best_first
-from medusa_whisper.drafting.base import ProposerStats
+from medusa_whisper.drafting.tree import CandidateTree, best_first
+from medusa_whisper.drafting.base import Proposer, ProposerStats
 from medusa_whisper.fixed_decoding import FixedDecoder, decoder_for
 from medusa_whisper.step import FixedStep
 
@@ -162,6 +163,14 @@ def test_a_pass_never_reads_the_device_on_the_host(tiny_en_medusa):
     torch.compile(lambda: decoder._pass(2, rules, out), fullgraph=True, backend="eager")()
     assert int(decoder.length[0]) > 5  # it ran: the length moved past the pending token
 
+    # the tree pass of host proposers: a tree of three nodes in the slots of four
+    from medusa_whisper.fixed_decoding import _TreeLayout
+    decoder.trees[4] = _TreeLayout.pack(CandidateTree((11, 13, 290), (-1, -1, 0)), 4)
+    decoder.kept[4] = torch.zeros(1, 5, decoder.step.n_state)
+    tree_out = torch.zeros(2 + 3 * 5, dtype=torch.float64)
+    torch._dynamo.reset()
+    torch.compile(lambda: decoder._tree_pass(4, rules, tree_out), fullgraph=True, backend="eager")()
+
     def reads_the_host():
         decoder._pass(2, rules, out)
         if int(decoder.length[0]) > 3:
@@ -171,30 +180,88 @@ def test_a_pass_never_reads_the_device_on_the_host(tiny_en_medusa):
         torch.compile(reads_the_host, fullgraph=True, backend="eager")()
 
 
-def test_what_the_fixed_loop_leaves_to_the_eager_one(tiny_en, monkeypatch):
+HOST_PROPOSERS = [("tiny.en-medusa", dict(tree_width=3, tree_nodes=6)), ("tiny.en-medusa-block", {}),
+                  ("tiny.en-eagle", dict(draft_tokens=3)), ("tiny.en-eagle", dict(tree_width=2, tree_nodes=6)),
+                  ("tiny.en-ctc", {}), ("tiny.en-ctc+eagle", dict(draft_tokens=2))]
+
+
+@pytest.mark.parametrize("name,extra", HOST_PROPOSERS, ids=[f"{n}{e}" for n, e in HOST_PROPOSERS])
+def test_host_proposers_trees_verified_on_the_device_as_by_the_eager_loop(name, extra, monkeypatch):
+    """Proposers that draft on the host hand the pass a tree (a chain is one); the pass walks it on
+    the device. Same tokens, and the same passes, proposals and acceptances as the eager loop."""
+    model = medusa_whisper.load_model(name, device="cpu")
+    for clip in (REAL, CLIPS[0]):
+        mel = mel_of(clip)
+        eager = decode_with("eager", monkeypatch, model, mel, options(), **extra)
+        fixed = decode_with("fixed", monkeypatch, model, mel, options(), **extra)
+        assert fixed.tokens == eager.tokens, clip.name
+        assert fixed.avg_logprob == pytest.approx(eager.avg_logprob, abs=1e-4)
+        assert (fixed.decoder_steps, fixed.draft_proposed, fixed.draft_accepted) == (
+            eager.decoder_steps, eager.draft_proposed, eager.draft_accepted), clip.name
+        assert fixed.decoder_steps < fixed.tokens_produced
+
+
+class TwinProposer(Proposer):
+    """Proposes, after each commit, the true next token twice as siblings: the first twin alone, the
+    second with the true token after it as a child. The verifier takes the first acceptable child,
+    so only one token is ever kept from the tree; the second twin's deeper path must not be."""
+
+    def __init__(self, truth):
+        super().__init__()
+        self.truth, self.done = truth, 0
+
+    def _commit(self, committed):
+        self.done = committed.end + 1  # tokens known after this pass: the committed ones and the next
+
+    def _propose(self):
+        ahead = self.truth[self.done:self.done + 2]
+        if len(ahead) < 2:
+            return CandidateTree()
+        return CandidateTree((ahead[0], ahead[0], ahead[1]), (-1, -1, 1))
+
+
+def test_a_sibling_with_an_earlier_twin_is_never_kept(tiny_en, real_features):
+    task = DecodingTask(tiny_en, options())
+    initial = list(task.initial_tokens)
+    reference = FixedDecoder(tiny_en, torch.float32, torch.device("cpu"))
+    truth = reference.generate(task, real_features, initial, task.logit_filters, ProposerStats()).tokens
+    decoder = FixedDecoder(tiny_en, torch.float32, torch.device("cpu"))
+    proposer = TwinProposer(truth)
+    generation = decoder.generate(task, real_features, initial, task.logit_filters, ProposerStats(), proposer)
+    assert generation.tokens == truth
+    assert proposer.stats.accepted_per_depth[:1] == [proposer.stats.accepted] and proposer.stats.accepted > 5
+    assert len(proposer.stats.accepted_per_depth) == 1  # never two candidates in one pass
+
+
+def test_what_the_fixed_loop_leaves_to_the_eager_one(monkeypatch):
     features = torch.zeros(1, 1500, 384)
     monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
     block = random_model(MedusaConfig(num_heads=2, heads_type="block"))
     linear = random_model(MedusaConfig(num_heads=2))
-    assert decoder_for(linear, features, medusa_whisper.MedusaDecodingOptions()) is not None
-    assert decoder_for(linear, features, medusa_whisper.MedusaDecodingOptions(mode="typical")) is None
-    assert decoder_for(linear, features, medusa_whisper.MedusaDecodingOptions(tree_width=2)) is None
-    assert decoder_for(block, features, medusa_whisper.MedusaDecodingOptions()) is None
-    assert decoder_for(block, features, medusa_whisper.MedusaDecodingOptions(mode="off")) is not None
+    base_head = random_model(MedusaConfig(num_heads=2, heads_type="base_head"))
+    options = medusa_whisper.MedusaDecodingOptions
+    assert decoder_for(linear, features, options()).num_heads == 2  # its heads propose inside the pass
+    assert decoder_for(linear, features, options(tree_width=2)).num_heads == 0  # a tree: from the host
+    assert decoder_for(block, features, options()).num_heads == 0
+    assert decoder_for(linear, features, options(mode="typical")) is None
+    assert decoder_for(linear, features, options(lossy_ctc_entropy=0.5)) is None
+    assert decoder_for(base_head, features, options(mode="off")) is None  # its logits go through head 0
     monkeypatch.setenv(fixed_decoding.STEP_ENV, "auto")  # on the CPU, auto is the eager loop
-    assert decoder_for(linear, features, medusa_whisper.MedusaDecodingOptions()) is None
+    assert decoder_for(linear, features, options()) is None
     monkeypatch.setenv(fixed_decoding.STEP_ENV, "graphs")
     with pytest.raises(ValueError, match=fixed_decoding.STEP_ENV):
-        decoder_for(linear, features, medusa_whisper.MedusaDecodingOptions())
+        decoder_for(linear, features, options())
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# the base model of the CUDA tests (tools/gpu/run.sh takes the one whose weights it carried)
+CUDA_MODEL = os.environ.get("MEDUSA_WHISPER_CUDA_TEST_MODEL", "tiny.en")
 
 
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_captured_graphs_equal_the_uncaptured_loop(tiny_en_medusa, dtype):
-    model = medusa_whisper.load_model("tiny.en-medusa", device="cuda")
+def test_captured_graphs_equal_the_uncaptured_loop(dtype):
+    model = medusa_whisper.load_model(CUDA_MODEL + "-medusa", device="cuda")
     task = DecodingTask(model, options(fp16=dtype == torch.float16))
     with torch.no_grad():
         features = model.embed_audio(mel_of(REAL)[None].cuda().to(dtype))
@@ -210,7 +277,7 @@ def test_captured_graphs_equal_the_uncaptured_loop(tiny_en_medusa, dtype):
 
 @cuda
 def test_one_synchronisation_per_captured_pass():
-    model = medusa_whisper.load_model("tiny.en-medusa", device="cuda")
+    model = medusa_whisper.load_model(CUDA_MODEL + "-medusa", device="cuda")
     task = DecodingTask(model, options(fp16=True))
     with torch.no_grad():
         features = model.embed_audio(mel_of(REAL)[None].cuda().half())
@@ -234,7 +301,7 @@ def test_one_synchronisation_per_captured_pass():
 def test_ctc_drafts_are_accepted_on_cuda():
     """A CUDA run of base-ctc once chose never to draft (1.00 tokens per pass): verification rows
     were multiplied one at a time there, so the measured pass costs said extra rows never pay."""
-    model = medusa_whisper.load_model("base-ctc", device="cuda", compute_type="float16")
+    model = medusa_whisper.load_model(CUDA_MODEL + "-ctc", device="cuda", compute_type="float16")
     result = decode(model, mel_of(REAL).cuda(), options(fp16=True))
     assert result.tokens_per_step > 1.3
     assert result.draft_accepted > 0

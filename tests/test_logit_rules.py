@@ -89,3 +89,25 @@ def test_reloaded_rules_equal_fresh_ones():
     other_structure = RuleSettings.of(filters(7, [3])[:2], 51864)  # no timestamp rules
     with pytest.raises(ValueError, match="structure"):
         reused.load(other_structure)
+
+
+def test_items_of_a_batch_keep_settings_of_their_own():
+    """Windows side by side: each batch item filters with its own window's settings, and a pass over
+    one item alone (``item=``) with that item's."""
+    tokenizer = get_tokenizer(False)
+
+    def settings(sample_begin, suppress):
+        return RuleSettings.of([SuppressBlank(tokenizer, sample_begin), SuppressTokens(suppress),
+                                ApplyTimestampRules(tokenizer, sample_begin, max_initial_timestamp_index=50)], 51864)
+    mine = [settings(1, [1, 2]), settings(6, [3, 220])]
+    batch = DeviceRules(mine[0], "cpu", batch=2)
+    batch.load(mine[1], item=1)
+    generator = torch.Generator().manual_seed(2)
+    history = _histories(tokenizer, generator, 2, 30, 1)
+    lengths = torch.tensor([[1, 2, 3], [6, 7, 8]])
+    logits = torch.randn(2, 3, 51864, generator=generator)
+    together = batch.apply(logits.clone(), history, lengths)
+    for i in range(2):
+        alone = DeviceRules(mine[i], "cpu").apply(logits[i:i + 1].clone(), history[i:i + 1], lengths[i:i + 1])
+        assert torch.equal(together[i], alone[0])
+        assert torch.equal(batch.apply(logits[i:i + 1].clone(), history[i:i + 1], lengths[i:i + 1], item=i), alone)

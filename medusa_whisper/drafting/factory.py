@@ -14,7 +14,7 @@ nowhere else: the proposers take plain values, and the draft-head modules only c
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from torch import Tensor
 from whisper.tokenizer import get_tokenizer
@@ -25,13 +25,11 @@ from .draft_head import DraftHead
 from .draft_model import Drafter
 from .eagle import DEFAULT_TREE_NODES, EagleProposer
 from .medusa import MedusaProposer
+from ..options import MedusaDecodingOptions
 from .union import UnionProposer
 
-if TYPE_CHECKING:  # the options live in the decoding layer above; only their fields are read
-    from ..decoding import MedusaDecodingOptions
 
-
-def make_proposer(model, audio_features: Tensor, language: str, options: "MedusaDecodingOptions",
+def make_proposer(model, audio_features: Tensor, language: str, options: MedusaDecodingOptions,
                   task=None, draft=None, draft_mel: Optional[Tensor] = None) -> Optional[Proposer]:
     """The proposer of one decoding of ``model`` on a window, or None for plain greedy steps.
 
@@ -57,7 +55,7 @@ def make_proposer(model, audio_features: Tensor, language: str, options: "Medusa
 
 
 def head_proposer(head: DraftHead, model, audio_features: Tensor, language: str,
-                  options: "MedusaDecodingOptions") -> Proposer:
+                  options: MedusaDecodingOptions) -> Proposer:
     """The proposer of a draft head, by its kind (a union's parts each by theirs)."""
     if head.kind == "union":
         return UnionProposer([head_proposer(part, model, audio_features, language, options) for part in head.parts])

@@ -1,0 +1,86 @@
+"""Windows side by side on the fixed-shape step (fixed_batched.py) get what each gets decoded alone.
+
+On the CPU the batch's pass runs uncaptured (on CUDA it is one CUDA graph); its tokens must be each
+window's own greedy tokens, with items refilled as streams end at different steps, prompts of
+different lengths side by side (each item's rules start sampling at its own place), and a window
+whose rules differ from the batch's decoded alone.
+"""
+
+import pytest
+import torch
+import whisper
+
+import medusa_whisper
+from medusa_whisper import fixed_decoding
+from medusa_whisper.batched import BatchDecoder
+from medusa_whisper.decoding import decode
+from medusa_whisper.fixed_batched import FixedBatchDecoder, batch_decoder
+from medusa_whisper.options import MedusaDecodingOptions
+
+CLIPS = ["tests/data/real/jfk.flac", "tests/data/espeak_weather.flac", "tests/data/flite_recipe.flac",
+         "tests/data/espeak_meeting.flac", "tests/data/flite_train.flac"]
+
+
+@pytest.fixture(scope="module")
+def mels():
+    return [whisper.log_mel_spectrogram(whisper.pad_or_trim(whisper.load_audio(f)), 80) for f in CLIPS]
+
+
+@pytest.fixture(scope="module")
+def tiny_en():
+    return medusa_whisper.load_model("tiny.en", device="cpu")
+
+
+def run(decoder, windows):
+    pending = iter(windows)
+    done = {}
+    decoder.run(lambda: next(pending, None), lambda key, result: done.__setitem__(key, result))
+    return done
+
+
+def test_windows_side_by_side_equal_each_alone(tiny_en, mels, monkeypatch):
+    plain = dict(mode="off", fp16=False, language="en")
+    variants = [MedusaDecodingOptions(**plain),
+                MedusaDecodingOptions(**plain, prompt=[440, 2068, 7586, 290, 11]),  # sampling begins later
+                MedusaDecodingOptions(**plain, sample_len=3),  # ends after three tokens: its item is refilled
+                MedusaDecodingOptions(**plain, without_timestamps=True)]  # other rules: decoded alone
+    windows = [(i, mels[i % len(mels)], variants[i % len(variants)]) for i in range(9)]
+    monkeypatch.setenv(fixed_decoding.STEP_ENV, "eager")
+    alone = {key: decode(tiny_en, mel, options) for key, mel, options in windows}
+    decoder = FixedBatchDecoder(tiny_en, batch_size=3)
+    together = run(decoder, windows)
+    assert sorted(together) == sorted(alone)
+    for key, expected in alone.items():
+        got = together[key]
+        assert got.tokens == expected.tokens, key
+        assert got.avg_logprob == pytest.approx(expected.avg_logprob, abs=1e-4), key
+        assert got.no_speech_prob == pytest.approx(expected.no_speech_prob, abs=1e-5), key
+        assert got.decoder_steps == expected.decoder_steps, key
+    assert len(together[2].tokens) == 3
+    # one read per batched pass, and one per window's prompt pass
+    assert decoder.host_reads == decoder.passes + sum(1 for _, _, o in windows if not o.without_timestamps)
+    longest = max(r.decoder_steps for k, r in together.items() if not windows[k][2].without_timestamps)
+    assert decoder.passes < sum(r.decoder_steps for r in together.values()) and decoder.passes >= longest - 1
+
+
+def test_a_batch_pass_never_reads_the_device_on_the_host(tiny_en, mels):
+    decoder = FixedBatchDecoder(tiny_en, batch_size=2)
+    windows = [(0, mels[0], MedusaDecodingOptions(mode="off", fp16=False, language="en"))]
+    decoder._start(0, lambda key, result: None, *windows[0])  # the step and rules, made for this window
+    torch._dynamo.reset()
+    before = decoder.length.clone()
+    torch.compile(decoder._pass, fullgraph=True, backend="eager")()
+    assert decoder.length.tolist() == [before[0] + 1, before[1]]  # the item in use moved, the other did not
+
+
+def test_transcribe_many_takes_the_fixed_batch_where_the_fixed_step_is_wanted(tiny_en, monkeypatch):
+    monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
+    assert isinstance(batch_decoder(tiny_en, 4), FixedBatchDecoder)
+    monkeypatch.setenv(fixed_decoding.STEP_ENV, "auto")  # the CPU keeps its row-invariant batched step
+    assert isinstance(batch_decoder(tiny_en, 4), BatchDecoder)
+    results = {}
+    for step in ("eager", "fixed"):
+        monkeypatch.setenv(fixed_decoding.STEP_ENV, step)
+        out = medusa_whisper.transcribe(tiny_en, CLIPS[:3], language="en", batch_size=2, fp16=False)
+        results[step] = [r["text"] for r in out]
+    assert results["fixed"] == results["eager"]

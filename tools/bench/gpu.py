@@ -1,0 +1,460 @@
+"""Issue 34's measurements on a CUDA machine, in one process and one run (``make bench-gpu``).
+
+    python -m tools.bench gpu --clips CLIPS.csv --long LONG.flac --model base --out OUT
+
+Every system transcribes the same real recordings with the same weights, whisper's default options
+and ``language="en"``, one after the other, each after a warm-up clip (which also captures its
+CUDA graphs; the capture time is reported). Systems: openai-whisper's ``whisper.transcribe`` at
+float16 (the baseline); ours ``--mode off`` with the eager step and with the fixed-shape step on
+CUDA graphs; every shipped proposer; the clips at ``--batch-size 32``; Hugging Face transformers'
+``generate`` (eager, sdpa) and with its static cache and ``torch.compile`` on the clips of at most
+30 s (its compile time reported, not counted); faster-whisper where its CUDA libraries import.
+
+Also: one decoder pass profiled (kernels, launches and host waits per pass, time by kind of
+kernel) for the eager step and the captured one; peak GPU memory per system; per clip, whether the
+text equals our eager ``--mode off``'s and, where it differs, the first differing token.
+
+Writes OUT/gpu.json and OUT/gpu.md (and OUT/gpu.png where matplotlib imports). On a machine without
+CUDA (``--device cpu``) the same script runs as a rehearsal: the fixed-shape step uncaptured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+import medusa_whisper
+from medusa_whisper import fixed_decoding
+from medusa_whisper.audio import load_audio
+
+SAMPLE_RATE = 16000
+
+
+@dataclass
+class Clip:
+    name: str
+    audio: np.ndarray
+    reference: str
+
+    @property
+    def seconds(self) -> float:
+        return len(self.audio) / SAMPLE_RATE
+
+
+@dataclass
+class Row:
+    name: str
+    note: str = ""
+    error: str = ""
+    seconds: float = 0.0  # wall time over the clips (warm-up excluded)
+    setup_seconds: float = 0.0  # loading, and the warm-up clip (graph capture, compilation)
+    tokens: int = 0
+    passes: int = 0
+    peak_gpu_mb: float = 0.0
+    texts: Dict[str, str] = field(default_factory=dict)
+    token_ids: Dict[str, List[int]] = field(default_factory=dict)
+    short_only: bool = False  # measured on the clips of at most 30 s only
+
+
+def read_clips(csv_path: Path, limit: Optional[int]) -> List[Clip]:
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if limit is not None:  # a rehearsal: the shortest
+        rows = sorted(rows, key=lambda r: float(r.get("seconds") or 0))[:limit]
+    return [Clip(Path(r["audio"]).stem, load_audio(str(csv_path.parent / r["audio"])), r.get("sentence", ""))
+            for r in rows]
+
+
+@contextlib.contextmanager
+def step(choice: str):
+    """The decoder step ours uses inside the block (fixed_decoding.STEP_ENV)."""
+    old = os.environ.get(fixed_decoding.STEP_ENV)
+    os.environ[fixed_decoding.STEP_ENV] = choice
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(fixed_decoding.STEP_ENV, None)
+        else:
+            os.environ[fixed_decoding.STEP_ENV] = old
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_rows(name: str, note: str, device: str, clips: List[Clip], make: Callable[[], Callable[[Clip], dict]],
+               batch: Optional[Callable[[List[Clip]], List[dict]]] = None) -> Row:
+    """One system over the clips: ``make()`` loads it and returns its per-clip call (a result dict
+    of whisper's shape, ``medusa`` statistics where it has them). Failures become the row's error."""
+    row = Row(name, note)
+    try:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        began = time.perf_counter()
+        run = make()
+        run(clips[0])  # warm-up: kernels chosen, graphs captured, compilation
+        sync(device)
+        row.setup_seconds = time.perf_counter() - began
+        began = time.perf_counter()
+        results = batch(clips) if batch is not None else [run(c) for c in clips]
+        sync(device)
+        row.seconds = time.perf_counter() - began
+        for clip, result in zip(clips, results):
+            row.texts[clip.name] = result["text"].strip()
+            row.token_ids[clip.name] = [t for s in result.get("segments", []) for t in s.get("tokens", [])]
+            stats = result.get("medusa", {})
+            row.tokens += int(stats.get("tokens", 0))
+            row.passes += int(stats.get("decoder_steps", 0))
+        if device == "cuda":
+            row.peak_gpu_mb = torch.cuda.max_memory_allocated() / 2**20
+    except Exception as e:  # one system's failure must not cost the other rows: the run is the device time
+        row.error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        traceback.print_exc()
+    print(f"{name}: {row.seconds:.2f} s (setup {row.setup_seconds:.1f} s) {row.error}", flush=True)
+    return row
+
+
+# -- the systems -----------------------------------------------------------------------------------------
+
+
+def whisper_row(model_name: str, device: str, clips: List[Clip], label: str = "openai-whisper transcribe") -> Row:
+    import whisper
+
+    def make():
+        model = medusa_whisper.load_model(model_name, device=device)  # float32 weights, as whisper.load_model
+        return lambda c: whisper.transcribe(model, c.audio, language="en", fp16=device == "cuda", verbose=None)
+    return timed_rows(label, "whisper's own decoding, fp16 products on float32 weights", device, clips, make)
+
+
+def ours_row(label: str, name: str, device: str, clips: List[Clip], step_choice: str, batch_size: int = 0,
+             **options) -> Row:
+    compute_type = "float16" if device == "cuda" else "float32"
+
+    def make():
+        model = medusa_whisper.load_model(name, device=device, compute_type=compute_type)
+
+        def run(c: Clip) -> dict:
+            with step(step_choice):
+                return medusa_whisper.transcribe(model, c.audio, language="en", verbose=None, **options)
+        make.model = model
+        return run
+
+    def batch(cs: List[Clip]) -> List[dict]:
+        with step(step_choice):
+            return medusa_whisper.transcribe(make.model, [c.audio for c in cs], language="en", verbose=None,
+                                             batch_size=batch_size, **options)
+    described = ", ".join(f"{k}={v}" for k, v in options.items())
+    note = f"{compute_type}, {step_choice} step" + (f", {described}" if described else "")
+    return timed_rows(label, note, device, clips, make, batch if batch_size else None)
+
+
+def transformers_rows(model_name: str, device: str, clips: List[Clip], compile_static: bool) -> List[Row]:
+    """transformers' generate on the clips of at most 30 s: eager with sdpa, and its static cache
+    compiled (the compilation happens in the warm-up and is reported as setup)."""
+    short = [c for c in clips if c.seconds <= 30.0]
+    try:
+        import transformers
+        from tools.bench.systems import _to_transformers
+    except Exception as e:
+        return [Row("transformers generate", error=f"not importable: {type(e).__name__}: {e}".splitlines()[0])]
+    import whisper
+
+    base = medusa_whisper.load_model(model_name, device="cpu")
+    tokenizer = whisper.tokenizer.get_tokenizer(base.is_multilingual, num_languages=base.num_languages,
+                                                language="en", task="transcribe")
+    prompt = dict(language="en", task="transcribe") if base.is_multilingual else {}
+    n_mels = base.dims.n_mels
+    transformers.logging.set_verbosity_error()
+
+    def make_for(static: bool):
+        def make():
+            hf = _to_transformers(base).to(device).eval()
+            hf.config._attn_implementation = "sdpa"
+            if device == "cuda":
+                hf = hf.half()
+            extra = {}
+            if static:
+                hf.generation_config.cache_implementation = "static"
+                hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+
+            def run(c: Clip) -> dict:
+                mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(c.audio)), n_mels)
+                with torch.no_grad():
+                    ids = hf.generate(mel[None].to(device, hf.dtype), return_timestamps=False, num_beams=1,
+                                      do_sample=False, **prompt, **extra)
+                sampled = [t for t in ids[0].tolist() if t < tokenizer.eot]
+                return {"text": tokenizer.decode(sampled), "medusa": {"tokens": len(sampled) + 1,
+                                                                      "decoder_steps": len(sampled) + 1}}
+            return run
+        return make
+    rows = [timed_rows("transformers generate (sdpa)", f"transformers {transformers.__version__}, float16",
+                       device, short, make_for(False))]
+    if compile_static:
+        rows.append(timed_rows("transformers generate (static cache, compiled)",
+                               "cache_implementation=static, torch.compile reduce-overhead", device, short,
+                               make_for(True)))
+    for row in rows:
+        row.short_only = True
+    return rows
+
+
+def faster_whisper_row(device: str) -> Row:
+    try:
+        import ctranslate2  # noqa: F401
+        import faster_whisper  # noqa: F401
+    except Exception as e:
+        return Row("faster-whisper", error=f"not measured: {type(e).__name__}: {e}".splitlines()[0])
+    return Row("faster-whisper", error="not measured: its CTranslate2 weights are not carried to this machine")
+
+
+# -- one pass, profiled ------------------------------------------------------------------------------------
+
+KINDS = (("gemm", ("gemm", "cutlass", "sm90_", "sm80_", "matmul", "cublas")),
+         ("attention", ("flash", "fmha", "attention", "sdpa", "efficient")),
+         ("softmax / reduce", ("softmax", "reduce", "argmax", "max_", "sum", "logsumexp", "norm")),
+         ("copy / index", ("copy", "index", "gather", "scatter", "cat", "fill")),
+         ("elementwise", ("elementwise", "vectorized", "unrolled")))
+
+
+def kind_of(kernel: str) -> str:
+    low = kernel.lower()
+    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
+
+
+def profile_pass(model_name: str, device: str, clip: Clip) -> Dict[str, dict]:
+    """Kernels, launches and host waits per decoder pass, eager step against the captured one, on one
+    30-s window of ``clip`` (the encoder excluded: its features are computed first)."""
+    if device != "cuda":
+        return {}
+    import whisper
+    from torch.profiler import ProfilerActivity, profile
+
+    model = medusa_whisper.load_model(model_name, device=device, compute_type="float16")
+    mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(clip.audio)), model.dims.n_mels)
+    with torch.no_grad():
+        features = model.embed_audio(mel[None].to(device).half())[0]
+    out = {}
+    for choice in ("eager", "auto"):
+        with step(choice):
+            medusa_whisper.decode(model, features, language="en", mode="off")  # warm-up, capture
+            sync(device)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                result = medusa_whisper.decode(model, features, language="en", mode="off")
+                sync(device)
+        passes = max(result.decoder_steps, 1)
+        events = prof.key_averages()
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        by_kind: Dict[str, float] = {}
+        for e in kernels:
+            by_kind[kind_of(e.key)] = by_kind.get(kind_of(e.key), 0.0) + e.device_time_total / 1e3 / passes
+        calls = {e.key: e.count for e in events}
+        out["eager" if choice == "eager" else "CUDA graphs"] = dict(
+            passes=passes, decode_ms_per_pass=result.decode_seconds * 1e3 / passes,
+            kernels_per_pass=sum(e.count for e in kernels) / passes,
+            kernel_launches_per_pass=calls.get("cudaLaunchKernel", 0) / passes,
+            graph_launches_per_pass=calls.get("cudaGraphLaunch", 0) / passes,
+            host_waits_per_pass=sum(calls.get(k, 0) for k in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                                "cudaMemcpyAsync", "cudaMemcpy")) / passes,
+            gpu_ms_per_pass_by_kind={k: round(v, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])})
+        print(choice, out, flush=True)
+    return out
+
+
+def capture_seconds(model_name: str, device: str, clip: Clip) -> Dict[str, float]:
+    """The fixed-shape decoder's first window (its graphs captured) against its second."""
+    import whisper
+
+    model = medusa_whisper.load_model(model_name, device=device, compute_type="float16" if device == "cuda" else "float32")
+    mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(clip.audio)), model.dims.n_mels)
+    with torch.no_grad():
+        features = model.embed_audio(mel[None].to(device).to(torch.float16 if device == "cuda" else torch.float32))[0]
+    times = []
+    with step("fixed" if device != "cuda" else "auto"):
+        for _ in range(2):
+            began = time.perf_counter()
+            medusa_whisper.decode(model, features, language="en", mode="off", fp16=device == "cuda")
+            sync(device)
+            times.append(time.perf_counter() - began)
+    return dict(first_window_s=times[0], second_window_s=times[1], capture_s=times[0] - times[1])
+
+
+# -- comparing texts ----------------------------------------------------------------------------------------
+
+
+def word_errors(reference: str, hypothesis: str) -> int:
+    ref, hyp = reference.split(), hypothesis.split()
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, start=1):
+        previous, row[0] = row[0], i
+        for j, h in enumerate(hyp, start=1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (r != h))
+    return row[-1]
+
+
+def wer(row: Row, clips: List[Clip]) -> Optional[float]:
+    from whisper.normalizers import EnglishTextNormalizer
+    normalise = EnglishTextNormalizer()
+    pairs = [(normalise(c.reference), normalise(row.texts[c.name])) for c in clips
+             if c.reference and c.name in row.texts]
+    words = sum(len(r.split()) for r, _ in pairs)
+    return 100.0 * sum(word_errors(r, h) for r, h in pairs) / words if words else None
+
+
+def first_difference(a: List[int], b: List[int]) -> Optional[dict]:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return dict(index=i, ours=x, reference=y)
+    return None if len(a) == len(b) else dict(index=min(len(a), len(b)), ours=None, reference=None)
+
+
+# -- the run ---------------------------------------------------------------------------------------------------
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clips", type=Path, required=True, help="CSV with columns audio (relative to it), sentence")
+    parser.add_argument("--long", type=Path, default=None, help="a long recording (issue 34: 6 minutes)")
+    parser.add_argument("--model", default="base")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--limit", type=int, default=None, help="only the N shortest clips (a rehearsal)")
+    parser.add_argument("--skip", default="", help="comma-separated row groups to leave out: "
+                        "proposers, batch, transformers, compile, long, profile")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench gpu: error: --device cuda: CUDA is not available on this machine")
+    skip = set(filter(None, args.skip.split(",")))
+    args.out.mkdir(parents=True, exist_ok=True)
+    clips = read_clips(args.clips, args.limit)
+    device, name = args.device, args.model
+    info = dict(model=name, device=device, clips=len(clips), audio_seconds=sum(c.seconds for c in clips),
+                torch=torch.__version__, python=platform.python_version(),
+                gpu=torch.cuda.get_device_name(0) if device == "cuda" else None)
+    print(info, flush=True)
+    fixed = "auto" if device == "cuda" else "fixed"
+    rows = [whisper_row(name, device, clips),
+            ours_row("ours --mode off, eager step", name, device, clips, "eager", mode="off"),
+            ours_row("ours --mode off, fixed step", name, device, clips, fixed, mode="off")]
+    if "proposers" not in skip:
+        # Medusa-Linear chains propose inside the captured pass; the others on the host, verified by it
+        for suffix, options in (("-medusa", {}), ("-ctc", {}), ("-eagle", dict(draft_tokens=2)),
+                                ("-eagle", dict(tree_width=3, tree_nodes=8)), ("-ctc+eagle", dict(draft_tokens=2))):
+            described = ", ".join(f"{k}={v}" for k, v in options.items())
+            rows.append(ours_row(f"{name}{suffix} lossless" + (f" ({described})" if described else ""),
+                                 name + suffix, device, clips, fixed, **options))
+    if "batch" not in skip:
+        rows.append(ours_row("ours --mode off, --batch-size 32", name, device, clips, fixed,
+                             batch_size=32, mode="off"))
+    if "transformers" not in skip:
+        rows += transformers_rows(name, device, clips, compile_static="compile" not in skip)
+    rows.append(faster_whisper_row(device))
+    long_rows = []
+    if args.long is not None and "long" not in skip:
+        recording = [Clip(args.long.stem, load_audio(str(args.long)), "")]
+        long_rows = [whisper_row(name, device, recording * 2, "openai-whisper transcribe, long"),
+                     ours_row("ours --mode off, fixed step, long", name, device, recording * 2, fixed, mode="off")]
+    profiled = {} if "profile" in skip else profile_pass(name, device, max(clips, key=lambda c: c.seconds))
+    captured = capture_seconds(name, device, clips[0])
+    report = summarise(rows, long_rows, clips, info, profiled, captured)
+    (args.out / "gpu.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (args.out / "gpu.md").write_text(markdown(report), encoding="utf-8")
+    print(markdown(report))
+    plot(report, args.out / "gpu.png")
+    return 0
+
+
+def summarise(rows: List[Row], long_rows: List[Row], clips: List[Clip], info: dict, profiled: dict,
+              captured: dict) -> dict:
+    baseline, reference = rows[0], rows[1]  # whisper.transcribe; ours --mode off with the eager step
+    short = [c for c in clips if c.seconds <= 30.0]
+
+    def seconds_on(row: Row, subset: List[Clip]) -> Optional[float]:
+        return row.seconds if not row.short_only or subset is short else None
+
+    table = []
+    for row in rows:
+        entry = {k: v for k, v in asdict(row).items() if k not in ("texts", "token_ids")}
+        entry["wer"] = wer(row, clips) if row.texts else None
+        if row.seconds and baseline.seconds and not row.short_only:
+            entry["vs_whisper"] = baseline.seconds / row.seconds
+        entry["tokens_per_pass"] = row.tokens / row.passes if row.passes else None
+        if row.texts and reference.texts:
+            same = [c.name for c in clips if c.name in row.texts and row.texts[c.name] == reference.texts.get(c.name)]
+            entry["same_text_as_eager_off"] = f"{len(same)}/{len([c for c in clips if c.name in row.texts])}"
+            entry["differences"] = {c.name: first_difference(row.token_ids.get(c.name, []),
+                                                             reference.token_ids.get(c.name, []))
+                                    for c in clips if c.name in row.texts and c.name not in same}
+        table.append(entry)
+    long_table = [{k: v for k, v in asdict(r).items() if k not in ("token_ids",)} for r in long_rows]
+    return dict(info=info, rows=table, long=long_table, profile=profiled, capture=captured,
+                short_clips=len(short))
+
+
+def markdown(report: dict) -> str:
+    info = report["info"]
+    lines = [f"`{info['model']}` on {info.get('gpu') or info['device']}, torch {info['torch']}: "
+             f"{info['clips']} real recordings, {info['audio_seconds']:.0f} s of audio "
+             f"({report['short_clips']} of at most 30 s).", "",
+             "| system | seconds | vs whisper.transcribe | tokens per pass | WER % | same text as eager --mode off | "
+             "setup s | peak GPU MB | note |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        if r["error"]:
+            lines.append(f"| {r['name']} | | | | | | | | {r['error']} |")
+            continue
+        fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
+        seconds = fmt(r["seconds"], ".2f") + (" (clips <= 30 s)" if r["short_only"] else "")
+        lines.append(f"| {r['name']} | {seconds} | {fmt(r.get('vs_whisper'), '.2f')} | "
+                     f"{fmt(r['tokens_per_pass'], '.2f')} | {fmt(r['wer'], '.1f')} | "
+                     f"{r.get('same_text_as_eager_off', '')} | {r['setup_seconds']:.1f} | {r['peak_gpu_mb']:.0f} | "
+                     f"{r['note']} |")
+    for r in report["long"]:
+        lines.append(f"\nLong recording, {r['name']}: {r['seconds'] / 2:.2f} s per run {r['error']}")
+    if report["profile"]:
+        lines += ["", "| one decoder pass | ms per pass | kernels | kernel launches | graph launches | host waits | "
+                  "GPU ms by kind |", "|---|---|---|---|---|---|---|"]
+        for label, p in report["profile"].items():
+            kinds = ", ".join(f"{k} {v:.3f}" for k, v in p["gpu_ms_per_pass_by_kind"].items())
+            lines.append(f"| {label} | {p['decode_ms_per_pass']:.3f} | {p['kernels_per_pass']:.0f} | "
+                         f"{p['kernel_launches_per_pass']:.1f} | {p['graph_launches_per_pass']:.2f} | "
+                         f"{p['host_waits_per_pass']:.2f} | {kinds} |")
+    c = report["capture"]
+    lines.append(f"\nFixed-shape decoder: first window {c['first_window_s']:.3f} s, second "
+                 f"{c['second_window_s']:.3f} s (capture about {c['capture_s']:.3f} s).")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = [r for r in report["rows"] if r["seconds"] and not r["short_only"]]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+    ax.barh([r["name"] for r in rows][::-1], [r["seconds"] for r in rows][::-1], color="tab:blue")
+    ax.set_xlabel(f"seconds for {report['info']['clips']} recordings ({report['info']['audio_seconds']:.0f} s of audio)")
+    ax.set_title(f"{report['info']['model']} on {report['info'].get('gpu') or report['info']['device']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the CUDA machine, in the repository's root, after the calls of .gpu/PLAN.md copied every part of
+# the payload to $GPU_DIR (python -m tools.gpu pack made them): join and check the payload, install
+# the wheels the machine lacks, run the CUDA tests, then every measurement of issue 34 in one run.
+# Results under $OUT. A rehearsal on a CPU: GPU_DIR=... OUT=... DEVICE=cpu BENCH_ARGS="--limit 3" bash tools/gpu/run.sh
+set -uo pipefail
+GPU_DIR=${GPU_DIR:-/tmp/gpu}
+DEVICE=${DEVICE:-cuda}
+PYTHON=${PYTHON:-python3}
+MODEL=${MODEL:-base}
+BENCH_ARGS=${BENCH_ARGS:-}
+OUT=${OUT:?OUT must name the folder for the results}
+mkdir -p "$OUT"
+cd "$GPU_DIR" || exit 1
+if ! (cat payload.tar.part* | sha256sum | cut -d' ' -f1 | diff - payload.sha256 >/dev/null); then
+  echo "run.sh: the payload's parts in $GPU_DIR do not add up (missing or damaged part): $(ls)"; exit 1
+fi
+cat payload.tar.part* | tar -x -C "$GPU_DIR" || exit 1
+"$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$GPU_DIR/site" \
+  "$GPU_DIR"/wheels/*.whl || exit 1
+cd - >/dev/null || exit 1
+export PYTHONPATH="$GPU_DIR/site:$PWD" PYTHONUNBUFFERED=1
+export MEDUSA_WHISPER_CACHE="$GPU_DIR/cache" MEDUSA_WHISPER_CUDA_TEST_MODEL="$MODEL"
+{ nvidia-smi -L 2>/dev/null; "$PYTHON" -c "import torch, medusa_whisper; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; } | tee "$OUT/env.log"
+"$PYTHON" -m pytest -q -p no:cacheprovider tests/test_fixed_decoding.py tests/test_logit_rules.py -k "cuda or logit" 2>&1 \
+  | tail -40 | tee "$OUT/tests.log"
+LONG=()
+[ -f "$GPU_DIR/clips/long.flac" ] && LONG=(--long "$GPU_DIR/clips/long.flac")
+"$PYTHON" -m tools.bench gpu --device "$DEVICE" --model "$MODEL" --clips "$GPU_DIR/clips/clips.csv" "${LONG[@]}" \
+  --out "$OUT" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -60
