@@ -51,7 +51,7 @@ class FixedBatchDecoder:
         self.out = torch.zeros(batch_size, 2, dtype=torch.float64, device=self.device)
         self.rules: Optional[DeviceRules] = None
         self.run_pass: Optional[Callable[[], None]] = None
-        self.graph: Optional["torch.cuda.CUDAGraph"] = None
+        self.graphs: List["torch.cuda.CUDAGraph"] = []
         self.passes = 0  # batched passes, for the statistics (as BatchDecoder's)
         self.rows = 0  # streams advanced, summed over those passes
         self.host_reads = 0
@@ -70,27 +70,11 @@ class FixedBatchDecoder:
 
     def _ready(self) -> Callable[[], None]:
         if self.run_pass is None:
-            if not self.capture:
-                self.run_pass = self._pass
-            else:
-                self.run_pass = self._captured()
+            self.run_pass = self._pass
+            if self.capture or fixed_decoding.step_choice() == "compiled":
+                device = self.device if self.capture else torch.device("cpu")
+                self.run_pass = fixed_decoding.program(self._pass, device, (self.history, self.length), self.graphs)
         return self.run_pass
-
-    def _captured(self) -> Callable[[], None]:
-        """The batch's pass as a CUDA graph; the state its warm-up advances is put back."""
-        saved = [t.clone() for t in (self.history, self.length)]
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._pass()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._pass()
-        for mine, before in zip((self.history, self.length), saved):
-            mine.copy_(before)
-        return self.graph.replay
 
     # ------------------------------------------------------------------------------------------- host
 

@@ -20,10 +20,12 @@ stop). Lossless: a candidate is kept only where it equals the filtered argmax, s
 the step's own greedy tokens; with a chain the rejected slots need no rollback, since the next
 pass writes from the new length and each row reads only slots at or before its own position.
 
-Used for greedy decoding (``mode="off"``, or a model without a proposer) and Medusa-Linear chains
-on CUDA; anything else (trees, draft heads, draft models, typical acceptance, a filter that is not
-whisper's) takes ``decoding._generate``. ``MEDUSA_WHISPER_STEP`` = ``fixed`` uses it on the CPU as
-well (tests compare it there with the eager loop), ``eager`` never.
+Used on CUDA for greedy decoding and lossless decoding with every proposer: Medusa-Linear chains
+are proposed inside the pass (``_pass``); every other proposer proposes on the host and hands the
+pass its tree (``_tree_pass``, ``tree_layout.TreeLayout``). Typical acceptance, the lossy CTC
+shortcut, a filter that is not whisper's and ``base_head`` models take ``decoding._generate``.
+``MEDUSA_WHISPER_STEP`` = ``fixed`` uses it on the CPU as well (tests compare it there with the
+eager loop), ``eager`` never.
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ from .drafting.base import Committed, Proposer, ProposerStats
 from .drafting.tree import CandidateTree
 from .logit_rules import DeviceRules, RuleSettings
 from .step import FixedStep, dense, linear, supports as step_supports
+from .tree_layout import TreeLayout
 
 MAX_NODES = 64  # the largest candidate tree a pass verifies (more nodes are left out)
 STEP_ENV = "MEDUSA_WHISPER_STEP"
-STEP_CHOICES = ("auto", "fixed", "eager")
+STEP_CHOICES = ("auto", "fixed", "compiled", "eager")
 
 
 def step_choice() -> str:
@@ -57,7 +60,37 @@ def step_choice() -> str:
 def wanted(device: torch.device) -> bool:
     """Whether decoding on ``device`` should take the fixed-shape step (where it can)."""
     choice = step_choice()
-    return choice == "fixed" or (choice == "auto" and device.type == "cuda")
+    return choice in ("fixed", "compiled") or (choice == "auto" and device.type == "cuda")
+
+
+def program(run: Callable[[], None], device: torch.device, state: Sequence[Tensor],
+            graphs: List["torch.cuda.CUDAGraph"]) -> Callable[[], None]:
+    """A pass as what the decoding calls each time: ``run`` compiled by inductor first when
+    ``MEDUSA_WHISPER_STEP=compiled`` (fewer, fused kernels; the first call compiles), then on CUDA
+    captured as a CUDA graph (its replay). The warm-up runs the pass for real, so ``state`` (what a
+    pass advances) is put back afterwards; the cache slots it writes are at or after the pending
+    token's, which the next pass writes again before any row reads them. The graph is appended to
+    ``graphs``, which keep it alive."""
+    if step_choice() == "compiled":
+        run = torch.compile(run, fullgraph=True, dynamic=False)
+    if device.type != "cuda":
+        return run
+    saved = [t.clone() for t in state]
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # kernels chosen, workspaces made (and the compilation) outside the capture
+            run()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    # a memory pool of its own: a pass's tensors die within its replay, and graphs of several rows
+    # counts replay in any order (a shared pool is safe only in capture order)
+    with torch.cuda.graph(graph):
+        run()
+    for mine, before in zip(state, saved):
+        mine.copy_(before)
+    graphs.append(graph)
+    return graph.replay
 
 
 @dataclass
@@ -68,63 +101,6 @@ class Generation:
     sum_logprob: float
     no_speech_prob: float
     decoder_steps: int
-
-
-@dataclass
-class _TreeLayout:
-    """A candidate tree as the tree pass reads it, ``nodes`` slots long (a power of two: one graph
-    per size), packed into one int64 tensor so that it reaches the device in one copy.
-
-    tokens, depth, parent_rows (the pass's row of each node's parent: 0 for the pending token),
-    valid (0 for padding): (nodes,); ancestors (nodes, nodes): node j's ancestors and itself;
-    paths (nodes, nodes): node j's ancestors root side first, then j, then j repeated (unused)
-    """
-
-    tokens: Tensor
-    depth: Tensor
-    parent_rows: Tensor
-    valid: Tensor
-    ancestors: Tensor
-    paths: Tensor
-
-    @staticmethod
-    def pack(tree: CandidateTree, nodes: int) -> Tensor:
-        n = len(tree)
-        packed = torch.zeros(4 + 2 * nodes, nodes, dtype=torch.long)
-        packed[0, :n] = torch.tensor(tree.tokens)
-        packed[1, :n] = torch.tensor(tree.depths)
-        packed[2, :n] = torch.tensor(tree.parents) + 1
-        packed[3, :n] = torch.tensor(_reachable(tree), dtype=torch.long)
-        paths = torch.arange(nodes)[:, None].repeat(1, nodes)
-        for j in range(n):
-            chain = []
-            node = j
-            while node >= 0:
-                chain.append(node)
-                node = tree.parents[node]
-            chain.reverse()
-            paths[j, :len(chain)] = torch.tensor(chain)
-            packed[4 + j, chain] = 1
-        packed[4 + nodes:] = paths
-        return packed
-
-    @classmethod
-    def unpack(cls, packed: Tensor, nodes: int) -> "_TreeLayout":
-        return cls(packed[0], packed[1], packed[2], packed[3].bool(), packed[4:4 + nodes].bool(),
-                   packed[4 + nodes:])
-
-
-def _reachable(tree: CandidateTree) -> List[bool]:
-    """Per node, whether the verifier could keep it: not where an earlier sibling has the same token,
-    nor below such a node (``decoding.verify`` takes the first acceptable child). The tree pass
-    marks the others invalid, keeping the proposer's numbering of the nodes."""
-    reachable: List[bool] = []
-    seen = set()
-    for token, parent in zip(tree.tokens, tree.parents):
-        ok = (parent < 0 or reachable[parent]) and (parent, token) not in seen
-        seen.add((parent, token))
-        reachable.append(ok)
-    return reachable
 
 
 class _Heads:
@@ -212,7 +188,7 @@ class FixedDecoder:
         self.rules: Dict[tuple, DeviceRules] = {}
         self.passes: Dict[Tuple[tuple, int], Tuple[Callable[[], None], Tensor]] = {}
         self.graphs: List["torch.cuda.CUDAGraph"] = []
-        self.trees: Dict[int, Tensor] = {}  # nodes -> the tree's packed description (_TreeLayout), on the device
+        self.trees: Dict[int, Tensor] = {}  # nodes -> the tree's packed description (TreeLayout), on the device
         self.kept: Dict[int, Tensor] = {}  # nodes -> the states at the pending token and the accepted path
         self.staging: Dict[int, Tensor] = {}  # nodes -> the packed tree on the host (pinned on CUDA)
         self.host_reads = 0  # copies from the device the loop waited for (tests count them)
@@ -245,11 +221,11 @@ class FixedDecoder:
 
     def _tree_pass(self, nodes: int, rules: DeviceRules, out: Tensor) -> None:
         """One verification pass of the pending token and a tree of ``nodes`` candidates proposed on
-        the host (``_TreeLayout`` packs it): as ``decoding.verify`` walks it, on the device. Node j
+        the host (``TreeLayout`` packs it): as ``decoding.verify`` walks it, on the device. Node j
         sits at position L-1+depth(j) and slot L+j, sees the committed slots and its ancestors; the
         accepted path is the deepest node whose every ancestor's token equals the greedy token of
         its parent's row; its slots are moved to follow the pending token's, as ``compact`` does."""
-        layout = _TreeLayout.unpack(self.trees[nodes], nodes)
+        layout = TreeLayout.unpack(self.trees[nodes], nodes)
         length, step = self.length, self.step
         rows = nodes + 1
         arange = self.node_index[:nodes]
@@ -293,7 +269,7 @@ class FixedDecoder:
         if key not in self.passes:
             out = torch.zeros(1 + 2 * rows, dtype=torch.float64, device=self.device)
             run = lambda: self._pass(rows, rules, out)  # noqa: E731
-            self.passes[key] = (self._captured(run) if self.capture else run, out)
+            self.passes[key] = (self._program_of(run), out)
         return self.passes[key]
 
     def _tree_program(self, nodes: int, rules: DeviceRules) -> Tuple[Callable[[], None], Tensor]:
@@ -302,29 +278,14 @@ class FixedDecoder:
         if key not in self.passes:
             out = torch.zeros(2 + 3 * (nodes + 1), dtype=torch.float64, device=self.device)
             run = lambda: self._tree_pass(nodes, rules, out)  # noqa: E731
-            self.passes[key] = (self._captured(run) if self.capture else run, out)
+            self.passes[key] = (self._program_of(run), out)
         return self.passes[key]
 
-    def _captured(self, run: Callable[[], None]) -> Callable[[], None]:
-        """``run`` captured as a CUDA graph. Warming up runs it for real, so the state it advances
-        (history, length, candidates) is put back afterwards; the cache slots it writes are at or
-        after the pending token's, which the next pass writes again before any row reads them."""
-        saved = [t.clone() for t in (self.history, self.length, self.candidates)]
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # kernels chosen and workspaces made outside the capture
-                run()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        # a memory pool of its own: every graph's tensors die within its replay, and graphs of several
-        # rows counts replay in any order (a shared pool is safe only in capture order)
-        with torch.cuda.graph(graph):
-            run()
-        for mine, before in zip((self.history, self.length, self.candidates), saved):
-            mine.copy_(before)
-        self.graphs.append(graph)  # kept alive with the decoder
-        return graph.replay
+    def _program_of(self, run: Callable[[], None]) -> Callable[[], None]:
+        if not self.capture and step_choice() != "compiled":
+            return run
+        return program(run, self.device if self.capture else torch.device("cpu"),
+                       (self.history, self.length, self.candidates), self.graphs)
 
     def _read(self, out: Tensor) -> List[float]:
         self.host_reads += 1
@@ -403,7 +364,7 @@ class FixedDecoder:
             nodes //= 2
         if len(tree) > nodes:  # parents come first, so a prefix of the nodes is a tree
             tree = CandidateTree(tree.tokens[:nodes], tree.parents[:nodes], tree.scores[:nodes])
-        packed = _TreeLayout.pack(tree, nodes)
+        packed = TreeLayout.pack(tree, nodes)
         if nodes not in self.trees:
             self.trees[nodes] = torch.zeros_like(packed, device=self.device)
             self.kept[nodes] = torch.zeros(1, nodes + 1, self.step.n_state, dtype=self.step.residual,
@@ -470,7 +431,7 @@ def decoder_for(model, audio_features: Tensor, options, draft=None) -> Optional[
     if not (wanted(audio_features.device) and supported(model, options)):
         return None
     num_heads = heads_on_device(model, options, draft)
-    key = (audio_features.device, audio_features.dtype, num_heads)
+    key = (audio_features.device, audio_features.dtype, num_heads, step_choice())
     decoders = model.__dict__.setdefault("fixed_decoders", {})  # not a submodule: no state-dict entries
     if key not in decoders:
         decoders[key] = FixedDecoder(model, audio_features.dtype, audio_features.device, num_heads)

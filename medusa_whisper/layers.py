@@ -58,7 +58,8 @@ LAYERS: Tuple[Layer, ...] = (
                       "the device (fixed_decoding: one fixed-shape pass, CUDA graphs); batched greedy decoding of many "
                       "windows, which reuses verify() and the result fields; sampling and beam search as whisper's "
                       "DecodingTask over the package's step (candidates)",
-          ("medusa_whisper.candidates", "medusa_whisper.fixed_decoding", "medusa_whisper.decoding",
+          ("medusa_whisper.candidates", "medusa_whisper.tree_layout", "medusa_whisper.fixed_decoding",
+           "medusa_whisper.decoding",
            "medusa_whisper.batched", "medusa_whisper.fixed_batched")),
     Layer("model", "the whisper-shaped surface: MedusaWhisper imports transcribe at top level for its method, as "
                    "whisper/model.py does, while transcribe takes the model as an argument and never imports it",

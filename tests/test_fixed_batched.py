@@ -84,3 +84,15 @@ def test_transcribe_many_takes_the_fixed_batch_where_the_fixed_step_is_wanted(ti
         out = medusa_whisper.transcribe(tiny_en, CLIPS[:3], language="en", batch_size=2, fp16=False)
         results[step] = [r["text"] for r in out]
     assert results["fixed"] == results["eager"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_captured_batch_equals_the_uncaptured_one(mels):
+    import os
+    model = medusa_whisper.load_model(os.environ.get("MEDUSA_WHISPER_CUDA_TEST_MODEL", "tiny.en"), device="cuda")
+    plain = dict(mode="off", fp16=True, language="en")
+    windows = [(i, mels[i % len(mels)].cuda(), MedusaDecodingOptions(**plain, sample_len=224 if i % 2 == 0 else 5))
+               for i in range(7)]
+    results = [run(FixedBatchDecoder(model, batch_size=4, capture=capture), windows) for capture in (False, True)]
+    for key in results[0]:
+        assert results[1][key].tokens == results[0][key].tokens, key

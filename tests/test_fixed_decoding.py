@@ -25,6 +25,7 @@ from medusa_whisper.drafting.tree import CandidateTree, best_first
 from medusa_whisper.drafting.base import Proposer, ProposerStats
 from medusa_whisper.fixed_decoding import FixedDecoder, decoder_for
 from medusa_whisper.step import FixedStep
+from medusa_whisper.tree_layout import TreeLayout
 
 from conftest import CLIPS, DATA
 from helpers import random_model, randomize_heads
@@ -164,8 +165,7 @@ def test_a_pass_never_reads_the_device_on_the_host(tiny_en_medusa):
     assert int(decoder.length[0]) > 5  # it ran: the length moved past the pending token
 
     # the tree pass of host proposers: a tree of three nodes in the slots of four
-    from medusa_whisper.fixed_decoding import _TreeLayout
-    decoder.trees[4] = _TreeLayout.pack(CandidateTree((11, 13, 290), (-1, -1, 0)), 4)
+    decoder.trees[4] = TreeLayout.pack(CandidateTree((11, 13, 290), (-1, -1, 0)), 4)
     decoder.kept[4] = torch.zeros(1, 5, decoder.step.n_state)
     tree_out = torch.zeros(2 + 3 * 5, dtype=torch.float64)
     torch._dynamo.reset()
@@ -305,3 +305,16 @@ def test_ctc_drafts_are_accepted_on_cuda():
     result = decode(model, mel_of(REAL).cuda(), options(fp16=True))
     assert result.tokens_per_step > 1.3
     assert result.draft_accepted > 0
+
+
+def test_a_tree_packs_into_what_the_pass_reads():
+    """Node 2 is a child of 0; node 3 repeats node 1's token under the root, after it: unreachable,
+    and so is its child 4."""
+    tree = CandidateTree((11, 13, 290, 13, 318), (-1, -1, 0, -1, 3))
+    layout = TreeLayout.unpack(TreeLayout.pack(tree, 8), 8)
+    assert layout.tokens.tolist()[:5] == [11, 13, 290, 13, 318] and layout.tokens.tolist()[5:] == [0, 0, 0]
+    assert layout.depth.tolist()[:5] == [1, 1, 2, 1, 2]
+    assert layout.parent_rows.tolist()[:5] == [0, 0, 1, 0, 4]  # the pending token's row is 0
+    assert layout.valid.tolist() == [True, True, True, False, False, False, False, False]
+    assert layout.ancestors[2].tolist()[:5] == [True, False, True, False, False]
+    assert layout.paths[2].tolist()[:2] == [0, 2] and layout.paths[4].tolist()[:2] == [3, 4]

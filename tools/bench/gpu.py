@@ -31,7 +31,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -76,6 +76,17 @@ def read_clips(csv_path: Path, limit: Optional[int]) -> List[Clip]:
         rows = sorted(rows, key=lambda r: float(r.get("seconds") or 0))[:limit]
     return [Clip(Path(r["audio"]).stem, load_audio(str(csv_path.parent / r["audio"])), r.get("sentence", ""))
             for r in rows]
+
+
+def pick_clips(real_csv: Path, longest: int, librivox: int) -> List[dict]:
+    """Issue 34's set: the ``longest`` longest recordings other than the LibriVox readings, and the
+    first ``librivox`` LibriVox sentences."""
+    with open(real_csv, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    read = [r for r in rows if "librivox" in r["source"].lower()]
+    other = sorted((r for r in rows if r not in read), key=lambda r: -float(r["seconds"]))
+    sentences = [r for r in read if "sense and sensibility" in r["source"].lower()] or read
+    return other[:longest] + sentences[:librivox]
 
 
 @contextlib.contextmanager
@@ -323,24 +334,93 @@ def first_difference(a: List[int], b: List[int]) -> Optional[dict]:
     return None if len(a) == len(b) else dict(index=min(len(a), len(b)), ours=None, reference=None)
 
 
+class Margins:
+    """The verifier's logit margin where a clip's text first differs from the eager ``--mode off``:
+    the reference tokens of its first window fed through the fixed-shape step in one pass (the
+    rules applied, each row with its own context), and at the first differing position the gap
+    between the best logit and the one of our token. Small gaps say the texts part where the two
+    steps' last bits decide a near tie."""
+
+    def __init__(self, model_name: str, device: str):
+        import whisper
+        from medusa_whisper.logit_rules import DeviceRules
+        from medusa_whisper.step import FixedStep
+
+        self.whisper, self.DeviceRules = whisper, DeviceRules
+        self.device = device
+        self.model = medusa_whisper.load_model(model_name, device=device,
+                                               compute_type="float16" if device == "cuda" else "float32")
+        dtype = torch.float16 if device == "cuda" else torch.float32
+        self.dtype = dtype
+        self.step = FixedStep(self.model, 1, dtype, torch.device(device))
+        options = whisper.DecodingOptions(language="en", fp16=device == "cuda")
+        self.task = whisper.decoding.DecodingTask(self.model, options)
+        self.rules = DeviceRules.of(self.task.logit_filters, self.model.dims.n_vocab, device)
+
+    @torch.no_grad()
+    def at(self, clip: Clip, reference: List[int], difference: dict) -> Optional[float]:
+        index = difference["index"]
+        initial = list(self.task.initial_tokens)
+        tokens = initial + reference[:index]
+        if difference["ours"] is None or len(tokens) >= self.step.n_ctx:
+            return None
+        whisper = self.whisper
+        mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(clip.audio)), self.model.dims.n_mels)
+        self.step.set_audio(self.model.embed_audio(mel[None].to(self.device).to(self.dtype)))
+        history = torch.tensor([tokens], device=self.device)
+        positions = torch.arange(len(tokens), device=self.device)[None]
+        logits = self.step.logits(self.step(history, positions))[:, -1:]
+        self.rules.apply(logits, history, positions[:, -1:] + 1)
+        row = logits[0, 0]
+        return float(row.max() - row[difference["ours"]])
+
+
+def add_margins(report: dict, rows: List[Row], clips: List[Clip], model_name: str, device: str) -> None:
+    reference = rows[1]
+    by_name = {c.name: c for c in clips}
+    margins = None
+    for entry, row in zip(report["rows"], rows):
+        for name, difference in (entry.get("differences") or {}).items():
+            if difference is None:
+                continue
+            margins = margins or Margins(model_name, device)
+            try:
+                difference["margin"] = margins.at(by_name[name], reference.token_ids[name], difference)
+            except Exception as e:  # a margin is a detail: its failure must not cost the report
+                difference["margin_error"] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+
+
 # -- the run ---------------------------------------------------------------------------------------------------
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clips", type=Path, required=True, help="CSV with columns audio (relative to it), sentence")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--clips", type=Path, help="CSV with columns audio (relative to it), sentence")
+    source.add_argument("--real", type=Path, help="data/real/real.csv (python -m tools.data real): the issue's set "
+                        "of 35 recordings is picked from it")
     parser.add_argument("--long", type=Path, default=None, help="a long recording (issue 34: 6 minutes)")
     parser.add_argument("--model", default="base")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--limit", type=int, default=None, help="only the N shortest clips (a rehearsal)")
-    parser.add_argument("--skip", default="", help="comma-separated row groups to leave out: "
-                        "proposers, batch, transformers, compile, long, profile")
+    parser.add_argument("--skip", default="", help="comma-separated row groups to leave out: inductor "
+                        "(our pass compiled), proposers, batch, transformers, compile (transformers' static "
+                        "cache compiled), long, profile")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench gpu: error: --device cuda: CUDA is not available on this machine")
     skip = set(filter(None, args.skip.split(",")))
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.real is not None:  # the issue's set, as tools.gpu pack picks it
+        picked = args.out / "clips.csv"
+        with open(picked, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=["audio", "sentence", "seconds"])
+            writer.writeheader()
+            for row in pick_clips(args.real, 30, 5):
+                writer.writerow(dict(audio=str((args.real.parent / row["audio"]).resolve()), sentence=row["sentence"],
+                                     seconds=row["seconds"]))
+        args.clips = picked
     clips = read_clips(args.clips, args.limit)
     device, name = args.device, args.model
     info = dict(model=name, device=device, clips=len(clips), audio_seconds=sum(c.seconds for c in clips),
@@ -348,32 +428,52 @@ def main(argv: Optional[List[str]] = None) -> int:
                 gpu=torch.cuda.get_device_name(0) if device == "cuda" else None)
     print(info, flush=True)
     fixed = "auto" if device == "cuda" else "fixed"
-    rows = [whisper_row(name, device, clips),
-            ours_row("ours --mode off, eager step", name, device, clips, "eager", mode="off"),
-            ours_row("ours --mode off, fixed step", name, device, clips, fixed, mode="off")]
-    if "proposers" not in skip:
-        # Medusa-Linear chains propose inside the captured pass; the others on the host, verified by it
-        for suffix, options in (("-medusa", {}), ("-ctc", {}), ("-eagle", dict(draft_tokens=2)),
-                                ("-eagle", dict(tree_width=3, tree_nodes=8)), ("-ctc+eagle", dict(draft_tokens=2))):
-            described = ", ".join(f"{k}={v}" for k, v in options.items())
-            rows.append(ours_row(f"{name}{suffix} lossless" + (f" ({described})" if described else ""),
-                                 name + suffix, device, clips, fixed, **options))
-    if "batch" not in skip:
-        rows.append(ours_row("ours --mode off, --batch-size 32", name, device, clips, fixed,
-                             batch_size=32, mode="off"))
-    if "transformers" not in skip:
-        rows += transformers_rows(name, device, clips, compile_static="compile" not in skip)
-    rows.append(faster_whisper_row(device))
-    long_rows = []
+    # most wanted first: the report is rewritten after every system, so a run cut short by the
+    # device's time limit still leaves what it measured
+    jobs: List[Tuple[str, Callable[[], List[Row]]]] = [
+        ("", lambda: [whisper_row(name, device, clips)]),
+        ("", lambda: [ours_row("ours --mode off, eager step", name, device, clips, "eager", mode="off")]),
+        ("", lambda: [ours_row("ours --mode off, fixed step", name, device, clips, fixed, mode="off")])]
+    # Medusa-Linear chains propose inside the captured pass; the others on the host, verified by it
+    for suffix, options in (("-medusa", {}), ("-ctc", {}), ("-eagle", dict(draft_tokens=2)),
+                            ("-eagle", dict(tree_width=3, tree_nodes=8)), ("-ctc+eagle", dict(draft_tokens=2))):
+        label = f"{name}{suffix} lossless" + (f" ({', '.join(f'{k}={v}' for k, v in options.items())})"
+                                              if options else "")
+        jobs.append(("proposers", lambda label=label, suffix=suffix, options=options: [
+            ours_row(label, name + suffix, device, clips, fixed, **options)]))
+    jobs.append(("batch", lambda: [ours_row("ours --mode off, --batch-size 32", name, device, clips, fixed,
+                                            batch_size=32, mode="off")]))
+    jobs.append(("inductor", lambda: [ours_row("ours --mode off, fixed step compiled", name, device, clips,
+                                               "compiled", mode="off")]))
+    jobs.append(("transformers", lambda: transformers_rows(name, device, clips, compile_static="compile" not in skip)))
+    rows: List[Row] = [faster_whisper_row(device)]
+    long_rows: List[Row] = []
+    extra = dict(profile={}, capture={})
+
+    def save() -> None:
+        report = summarise(rows, long_rows, clips, info, extra["profile"], extra["capture"])
+        (args.out / "gpu.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        (args.out / "gpu.md").write_text(markdown(report), encoding="utf-8")
+
+    for group, job in jobs[:3]:
+        rows[-1:-1] = job()  # faster-whisper's line stays last
+    save()
+    if "profile" not in skip:
+        extra["profile"] = profile_pass(name, device, max(clips, key=lambda c: c.seconds))
+    extra["capture"] = capture_seconds(name, device, clips[0])
+    save()
     if args.long is not None and "long" not in skip:
         recording = [Clip(args.long.stem, load_audio(str(args.long)), "")]
-        long_rows = [whisper_row(name, device, recording * 2, "openai-whisper transcribe, long"),
-                     ours_row("ours --mode off, fixed step, long", name, device, recording * 2, fixed, mode="off")]
-    profiled = {} if "profile" in skip else profile_pass(name, device, max(clips, key=lambda c: c.seconds))
-    captured = capture_seconds(name, device, clips[0])
-    report = summarise(rows, long_rows, clips, info, profiled, captured)
+        long_rows += [whisper_row(name, device, recording * 2, "openai-whisper transcribe, long"),
+                      ours_row("ours --mode off, fixed step, long", name, device, recording * 2, fixed, mode="off")]
+        save()
+    for group, job in jobs[3:]:
+        if group not in skip:
+            rows[-1:-1] = job()
+            save()
+    report = summarise(rows, long_rows, clips, info, extra["profile"], extra["capture"])
+    add_margins(report, rows, clips, name, device)
     (args.out / "gpu.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (args.out / "gpu.md").write_text(markdown(report), encoding="utf-8")
     print(markdown(report))
     plot(report, args.out / "gpu.png")
     return 0
@@ -423,6 +523,15 @@ def markdown(report: dict) -> str:
                      f"{fmt(r['tokens_per_pass'], '.2f')} | {fmt(r['wer'], '.1f')} | "
                      f"{r.get('same_text_as_eager_off', '')} | {r['setup_seconds']:.1f} | {r['peak_gpu_mb']:.0f} | "
                      f"{r['note']} |")
+    differing = [(r["name"], clip, d) for r in report["rows"] for clip, d in (r.get("differences") or {}).items()]
+    if differing:
+        lines += ["", "Where a text differs from eager `--mode off`'s (first differing token of the clip's "
+                  "segments; margin: best logit minus ours there, fixed step):", ""]
+        for name, clip, d in differing:
+            detail = "texts differ, tokens equal" if d is None else (
+                f"token {d['index']}: ours {d['ours']}, reference {d['reference']}" +
+                (f", margin {d['margin']:.3f}" if d.get("margin") is not None else ""))
+            lines.append(f"- {name}: {clip}: {detail}")
     for r in report["long"]:
         lines.append(f"\nLong recording, {r['name']}: {r['seconds'] / 2:.2f} s per run {r['error']}")
     if report["profile"]:
@@ -434,8 +543,9 @@ def markdown(report: dict) -> str:
                          f"{p['kernel_launches_per_pass']:.1f} | {p['graph_launches_per_pass']:.2f} | "
                          f"{p['host_waits_per_pass']:.2f} | {kinds} |")
     c = report["capture"]
-    lines.append(f"\nFixed-shape decoder: first window {c['first_window_s']:.3f} s, second "
-                 f"{c['second_window_s']:.3f} s (capture about {c['capture_s']:.3f} s).")
+    if c:
+        lines.append(f"\nFixed-shape decoder: first window {c['first_window_s']:.3f} s, second "
+                     f"{c['second_window_s']:.3f} s (capture about {c['capture_s']:.3f} s).")
     return "\n".join(lines) + "\n"
 
 

@@ -30,6 +30,7 @@ import torch
 
 from medusa_whisper.weights import resolve
 from tools import ROOT
+from tools.bench.gpu import pick_clips
 
 # what the device's Python lacks (tools/gpu/run.sh installs them): openai-whisper and what the
 # package imports beyond the device image's own packages (/work/.library/device/KINDS.md)
@@ -62,17 +63,6 @@ def float16_checkpoint(name: str) -> bytes:
     buffer = io.BytesIO()
     torch.save(checkpoint, buffer)
     return buffer.getvalue()
-
-
-def pick_clips(real_csv: Path, longest: int, librivox: int) -> List[dict]:
-    """Issue 34's set: the ``longest`` longest recordings other than the LibriVox readings, and the
-    first ``librivox`` LibriVox sentences."""
-    with open(real_csv, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    read = [r for r in rows if "librivox" in r["source"].lower()]
-    other = sorted((r for r in rows if r not in read), key=lambda r: -float(r["seconds"]))
-    sentences = [r for r in read if "sense and sensibility" in r["source"].lower()] or read
-    return other[:longest] + sentences[:librivox]
 
 
 def wheels(folder: Path, python: str) -> List[Path]:
