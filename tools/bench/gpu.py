@@ -214,7 +214,8 @@ def transformers_rows(model_name: str, device: str, clips: List[Clip], compile_s
                                                                       "decoder_steps": len(sampled) + 1}}
             return run
         return make
-    rows = [timed_rows("transformers generate (sdpa)", f"transformers {transformers.__version__}, float16",
+    dtype = "float16" if device == "cuda" else "float32"
+    rows = [timed_rows("transformers generate (sdpa)", f"transformers {transformers.__version__}, {dtype}",
                        device, short, make_for(False))]
     if compile_static:
         rows.append(timed_rows("transformers generate (static cache, compiled)",
