@@ -66,7 +66,7 @@ bench-pass: setup
 # Archive throughput against --batch-size on the longest real recordings, beside faster-whisper int8 one
 # file at a time (tools/bench/batch.py). Results: bench_out/batch_<model>.{json,md,png}.
 BATCH_FILES ?= 64
-BATCH_SIZES ?= 1,4,8,16
+BATCH_SIZES ?= default,1,4,8,16
 # Then the 8-minute real recording: --vad-chunks against faster-whisper's BatchedInferencePipeline
 # (bench_out/batch_long_<model>.*), and the fallback-heavy one, sequential, against faster-whisper
 # with the same best_of (bench_out/fallback_<model>.*).

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from whisper.decoding import DecodingTask
 from whisper.model import Whisper
 
+from .compute import compute_type_of
 from .decoder import DecoderCache, block_caches, decoder_hidden, decoder_rows_step, new_cache, next_token_logits
 from .decoding import MedusaDecodingResult, verify, window_filters, window_result
 from .drafting.base import ProposerStats
@@ -35,6 +36,7 @@ from .drafting.tree import CandidateTree
 from .fixed_decoding import Generation
 from .masks import chain_mask
 from .options import MedusaDecodingOptions, as_medusa_options
+from .routes import ROUNDS, median_micros, table as routes_table
 
 
 def batchable(options: MedusaDecodingOptions) -> bool:
@@ -184,6 +186,73 @@ def open_stream(model: Whisper, key, mel: Tensor, options: MedusaDecodingOptions
     stream = _Stream(key, task, options, common, window_filters(task, options), initial[0].tolist(), limit,
                      encode_seconds, time.perf_counter())
     return stream, audio_features
+
+
+# -- the default batch size, measured on the running machine ---------------------------------------------
+
+BATCH_SIZES = (1, 2, 4, 8, 16)  # the sizes timed; more streams cost memory (16: about +30 % for base)
+CONTEXT = 60  # cached tokens per stream in the timed pass: about the middle of a window's text
+NEAR_BEST = 1.05  # of the sizes whose token costs at most this much over the cheapest, the smallest is taken
+GAIN = 1.10  # and only where a token then costs at least this much less than decoded alone
+
+
+def token_costs(model: Whisper, sizes: Sequence[int] = BATCH_SIZES) -> Dict[int, float]:
+    """Microseconds per token of a batched greedy pass (every stream one token at its own position,
+    after CONTEXT cached tokens, the vocabulary projection included) at each batch size: measured
+    once per machine, model shape and compute type, and kept with the kernel routes (routes.py).
+    Each size is timed in ROUNDS rounds alternating with the others, and its fastest round counts,
+    so that a burst of load elsewhere does not decide."""
+    dims = model.dims
+    name = (f"batched pass {compute_type_of(model)} {dims.n_text_layer}x{dims.n_text_state} "
+            f"vocab {dims.n_vocab} sizes {','.join(map(str, sizes))}")
+
+    @torch.no_grad()
+    def measure() -> Dict[str, float]:
+        passes = {b: _timed_pass(model, b) for b in sizes}
+        best = {b: float("inf") for b in sizes}
+        for _ in range(ROUNDS):
+            for b, run in passes.items():
+                best[b] = min(best[b], median_micros(run) / b)
+        return {str(b): t for b, t in best.items()}
+    return {int(k): v for k, v in routes_table().costs(name, measure).items()}
+
+
+def _timed_pass(model: Whisper, batch: int) -> Callable[[], Tensor]:
+    """One batched pass of ``batch`` streams over a cache of CONTEXT tokens (values do not change the time)."""
+    cache = BatchDecoder(model, batch)._empty_cache()
+    device = model.device
+    tokens = torch.zeros(batch, dtype=torch.long, device=device)
+    positions = torch.full((batch,), CONTEXT, dtype=torch.long, device=device)
+    for position in range(0, CONTEXT, 20):  # fill the slots the timed pass attends to
+        decoder_rows_step(model.decoder, tokens, torch.full_like(positions, position), cache)
+    return lambda: next_token_logits(model, decoder_rows_step(model.decoder, tokens, positions, cache))
+
+
+def default_batch_size(model: Whisper, sizes: Optional[Sequence[int]] = None) -> int:
+    """How many files' windows share a pass when the user does not say: from ``token_costs`` on
+    this machine, the smallest size within NEAR_BEST of the cheapest token, or 1 where batching does
+    not make a token GAIN times cheaper. A measured choice, so that no default is slower than
+    decoding one file after another on whatever CPU runs it."""
+    return choose_batch_size(token_costs(model, sizes or BATCH_SIZES))
+
+
+def measured_choices() -> List[str]:
+    """What this machine measured and chose, for a bench to print: the kernel routes and kernels
+    (routes.py) and, for each model measured batched, the default batch size and its token costs."""
+    table = routes_table()
+    lines = table.describe()
+    for name, entry in sorted(table.choices.items()):
+        if name.startswith("batched pass "):
+            costs = {int(k): v for k, v in entry["us"].items()}
+            lines.append(f"  default --batch-size for several files ({name[len('batched pass '):]}): "
+                         f"{choose_batch_size(costs)}")
+    return lines
+
+
+def choose_batch_size(costs: Dict[int, float]) -> int:
+    best = min(costs.values())
+    size = min(b for b, cost in costs.items() if cost <= NEAR_BEST * best)
+    return size if size > 1 and costs[size] * GAIN <= costs[1] else 1
 
 
 def decode_windows(model: Whisper, windows: Iterable[Tuple[object, Tensor, MedusaDecodingOptions]],

@@ -221,8 +221,9 @@ def _add_transcribe_parser(commands) -> None:
     t.add_argument("--threads", type=_threads, default=0, metavar="N", help="CPU threads for torch (0: torch's choice)")
     _option(t, "--batch-size", type=_positive_int, default=None, metavar="N",
             help="decode the greedy windows of up to N files side by side, one decoder pass for all (each file's "
-                 f"result is the one it gets alone: bit for bit at int8); default {INT8_FILES_BATCH} for several files "
-                 "at --compute-type int8, else 1 (one file after another)")
+                 "result is the one it gets alone: bit for bit at int8); default for several files at --compute-type "
+                 "int8: the size a pass measured on this machine makes cheapest per token (1 where batching does not "
+                 "pay here; measured once per machine), else 1 (one file after another)")
     _option(t, "--vad-chunks", action="store_true",
             help="long recordings, fast: cut each file's speech into chunks of at most 30 s (Silero VAD; pip install "
                  "'medusa-whisper[vad]') and decode --batch-size of them side by side (default 8), each without the "
@@ -557,8 +558,9 @@ def _run_jobs(model, jobs, args: argparse.Namespace, output_formats, summary, ma
     options = transcribe_options(args)
     writer_options = {k: getattr(args, k) for k in WRITER_OPTIONS}
     show_bars = args.verbose is False or (args.verbose is UNSET and sys.stderr.isatty())
-    if files_batch(args, len(jobs)) > 1 and not args.vad_chunks:  # --vad-chunks batches within a file
-        _run_jobs_batched(model, jobs, args, options, output_formats, writer_options, summary, show_bars)
+    batch_size = files_batch(args, len(jobs), model)
+    if batch_size > 1 and not args.vad_chunks:  # --vad-chunks batches within a file
+        _run_jobs_batched(model, jobs, args, options, output_formats, writer_options, summary, show_bars, batch_size)
         return
     files_bar = tqdm(jobs, unit="file", file=sys.stderr, disable=not many or not show_bars)
     for job in files_bar:
@@ -576,7 +578,7 @@ def _run_jobs(model, jobs, args: argparse.Namespace, output_formats, summary, ma
 
 
 def _run_jobs_batched(model, jobs, args: argparse.Namespace, options: dict, output_formats, writer_options,
-                      summary, show_bars: bool) -> None:
+                      summary, show_bars: bool, batch_size: int) -> None:
     """``--batch-size N`` over several files: their windows side by side (batch.transcribe_jobs); each
     file's text (or error) is printed as it ends, which need not be in input order."""
     from .batch import transcribe_jobs
@@ -594,8 +596,7 @@ def _run_jobs_batched(model, jobs, args: argparse.Namespace, options: dict, outp
             _write(f"{outcome.job.path}: {outcome.text.strip()}", sys.stdout)
 
     with files_bar:
-        transcribe_jobs(model, jobs, options, args.output_dir, output_formats, writer_options,
-                        files_batch(args, len(jobs)), done)
+        transcribe_jobs(model, jobs, options, args.output_dir, output_formats, writer_options, batch_size, done)
 
 
 def _compute_types(args: argparse.Namespace) -> dict:
@@ -643,19 +644,26 @@ def transcribe_options(args: argparse.Namespace, for_workers: bool = False) -> d
                 **(dict(vad_filter=True) if getattr(args, "vad_filter", False) else {}))
 
 
-# --batch-size's default for several files at int8, where a batched file's outputs are byte-identical
-# to its own: on 64 real recordings (base, 2 threads, docs/batching.md) batch 8 was 1.42x batch 1 on an
-# AVX-512 EPYC and batch 4 and 8 were equal (1.33x) on an AVX2 one; 16 gained 8 % more for 30 % more memory
+# --batch-size's default for several files at int8 where no model is at hand to measure it (the Ray
+# driver, whose workers may run elsewhere): on 64 real recordings (base, 2 threads, docs/batching.md)
+# batch 8 was 1.42x batch 1 on an AVX-512 EPYC and batch 4 and 8 were equal (1.33x) on an AVX2 one
 INT8_FILES_BATCH = 8
 
 
-def files_batch(args: argparse.Namespace, n_files: int) -> int:
-    """How many files' windows share a pass: --batch-size, else INT8_FILES_BATCH for several files at
-    int8 (byte-identical outputs), else 1. float32 batches only when asked: its products are not
-    row-invariant, so a batched file may differ from the file alone in a logit's last bits."""
+def files_batch(args: argparse.Namespace, n_files: int, model=None) -> int:
+    """How many files' windows share a pass: --batch-size; else, for several files at int8 (where a
+    batched file's outputs are byte-identical to its own), the size ``batched.default_batch_size``
+    measures on this machine for ``model`` (INT8_FILES_BATCH without a model); else 1. float32
+    batches only when asked: its products are not row-invariant, so a batched file may differ from
+    the file alone in a logit's last bits."""
     if args.batch_size is not None:
         return args.batch_size
-    return INT8_FILES_BATCH if n_files > 1 and args.compute_type == "int8" else 1
+    if n_files <= 1 or args.compute_type != "int8":
+        return 1
+    if model is None:
+        return INT8_FILES_BATCH
+    from .batched import default_batch_size
+    return default_batch_size(model)
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import platform
+import re
 import threading
 import time
 from pathlib import Path
@@ -179,6 +180,33 @@ class RouteTable:
                 self._save()
         return entry["route"]
 
+    def costs(self, name: str, measure: Callable[[], Dict[str, float]]) -> Dict[str, float]:
+        """Measured costs of the alternatives called ``name`` (alternative -> microseconds), by
+        ``measure()`` once per machine and kept with the routes; for choices whose rule is the
+        caller's (e.g. the batch size, ``batched.default_batch_size``)."""
+        entry = self.choices.get(name)
+        if entry is None or not entry.get("us"):
+            with self._lock:
+                began = time.perf_counter()
+                micros = measure()
+                entry = {"route": min(micros, key=micros.get), "us": {k: round(t, 1) for k, t in micros.items()}}
+                self.choices[name] = entry
+                self.measured += 1
+                log.info("%s measured in %.1f s: %s", name, time.perf_counter() - began, entry["us"])
+                self._save()
+        return dict(entry["us"])
+
+    def describe(self) -> List[str]:
+        """What this table holds, one line per choice, for a bench to print beside its results."""
+        lines = [f"{machine_id()['cpu']} ({isa_features()}), torch {torch.__version__}, "
+                 f"{torch.get_num_threads()} threads; choices measured here ({self.path}):"]
+        for name, entry in sorted(self.choices.items(), key=lambda item: _natural(item[0])):
+            times = ", ".join(f"{k} {v:g} us" for k, v in sorted(entry.get("us", {}).items(),
+                                                                    key=lambda kv: _order(kv[0])))
+            flag = " (timed while the machine looked busy)" if entry.get("suspect") else ""
+            lines.append(f"  {name}: {entry.get('route')} [{times}]{flag}")
+        return lines
+
     def _measure(self, shape: Shape) -> None:
         began = time.perf_counter()
         before = self.choices.get(_name(shape, ROW_COUNTS[0]), {}).get("attempts", 0)
@@ -223,6 +251,16 @@ class RouteTable:
                                encoding="utf-8")
         except OSError as error:  # a read-only cache only costs the next process a measurement
             log.warning("could not save kernel routes to %s: %s", self.path, error)
+
+
+def _natural(name: str) -> list:
+    """``name`` with its numbers as numbers, so that "rows=16" sorts after "rows=2"."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _order(key: str):
+    """Numeric keys (batch sizes) in numeric order, route names after them."""
+    return (0, int(key), "") if key.isdigit() else (1, 0, key)
 
 
 def plausible(measured: Dict[int, Dict[str, float]]) -> bool:

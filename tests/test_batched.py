@@ -154,3 +154,29 @@ def test_each_recording_samples_from_its_own_random_state():
     with own_random_state(states, "a"):
         second = torch.rand(3)
     assert torch.equal(torch.cat([first, second]), alone) and torch.equal(other, alone[:3])
+
+
+def test_the_default_batch_size_is_the_cheapest_token_measured_here_or_none():
+    from medusa_whisper.batched import choose_batch_size
+    assert choose_batch_size({1: 10.0, 2: 7.0, 4: 5.0, 8: 4.1, 16: 4.0}) == 8  # 8 is within 5 % of the best
+    assert choose_batch_size({1: 10.0, 2: 7.0, 4: 5.0, 8: 4.3, 16: 4.0}) == 16
+    assert choose_batch_size({1: 10.0, 2: 9.6, 4: 9.5, 8: 9.8, 16: 11.0}) == 1  # batching saves under 10 %
+    assert choose_batch_size({1: 10.0, 2: 12.0, 4: 15.0}) == 1  # a CPU where a batch costs more per token
+
+
+def test_the_default_batch_size_is_measured_once_per_machine(monkeypatch):
+    from medusa_whisper import batched, routes
+    from medusa_whisper.cli import build_parser, files_batch
+    model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    timed = []
+    real = batched._timed_pass
+    monkeypatch.setattr(batched, "_timed_pass", lambda m, b: timed.append(b) or real(m, b))
+    costs = batched.token_costs(model, (1, 4))
+    assert sorted(costs) == [1, 4] and all(c > 0 for c in costs.values()) and timed == [1, 4]
+    assert batched.token_costs(model, (1, 4)) == costs and timed == [1, 4]  # kept: measured once
+    name = next(n for n in routes.table().choices if n.startswith("batched pass int8"))
+    assert routes.table().choices[name]["us"] == {str(k): round(v, 1) for k, v in costs.items()}
+    args = build_parser().parse_args(["transcribe", "a.wav", "--compute-type", "int8"])
+    monkeypatch.setattr(batched, "BATCH_SIZES", (1, 4))
+    assert files_batch(args, 3, model) == batched.choose_batch_size(costs)
+    assert files_batch(args, 1, model) == 1 and timed == [1, 4]

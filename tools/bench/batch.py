@@ -71,6 +71,9 @@ def worker(args) -> None:
         import medusa_whisper
 
         model = medusa_whisper.load_model(args.model, device="cpu", compute_type=args.compute_type)
+        if args.batch_size == 0:  # the command line's default for several files, measured here once per machine
+            from medusa_whisper.batched import default_batch_size
+            args.batch_size = default_batch_size(model) if args.compute_type == "int8" else 1
         loaded = time.perf_counter()
         if args.worker == "ours-vad":
             results = [medusa_whisper.transcribe(model, path, vad_chunks=True, batch_size=args.batch_size, language="en",
@@ -84,7 +87,8 @@ def worker(args) -> None:
         texts = [r["text"] if r is not None else "" for r in results]
     done = time.perf_counter()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps(dict(seconds=done - loaded, load_seconds=loaded - began, texts=texts, peak_rss_mb=peak)))
+    print(json.dumps(dict(seconds=done - loaded, load_seconds=loaded - began, texts=texts, peak_rss_mb=peak,
+                          batch_size=args.batch_size)))
 
 
 def run_system(args, worker_name: str, batch_size: int, files_json: Path) -> dict:
@@ -101,7 +105,8 @@ def main() -> None:
     parser.add_argument("--compute-type", default="int8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--files", type=int, default=64)
-    parser.add_argument("--batch-sizes", default="1,4,8,16")
+    parser.add_argument("--batch-sizes", default="default,1,4,8,16",
+                        help="comma-separated; 'default': the size the command line picks on this machine")
     parser.add_argument("--csv", type=Path, default=REAL)
     parser.add_argument("--long", type=Path, default=None, metavar="FILE",
                         help="one long recording (with FILE.txt) instead of the archive")
@@ -136,7 +141,7 @@ def main() -> None:
           f"{len(rows)} real recordings, {audio_seconds / 60:.1f} min", flush=True)
 
     systems: Dict[str, dict] = {}
-    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    sizes = [0 if b == "default" else int(b) for b in args.batch_sizes.split(",")]
 
     def run(name: str, worker_name: str, batch: int) -> None:
         systems[name] = run_system(args, worker_name, batch, files_json)
@@ -145,16 +150,21 @@ def main() -> None:
     if args.long is None:
         run(f"faster-whisper {args.compute_type}, one by one", "faster-whisper", 1)
         for batch in sizes:
-            run(f"medusa-whisper {args.compute_type}, --batch-size {batch}", "ours", batch)
+            if batch == 0:
+                run(f"medusa-whisper {args.compute_type}, default batch", "ours", 0)
+                name = f"medusa-whisper {args.compute_type}, default batch"
+                systems[f"{name} ({systems[name]['batch_size']})"] = systems.pop(name)
+            else:
+                run(f"medusa-whisper {args.compute_type}, --batch-size {batch}", "ours", batch)
     else:
         run(f"faster-whisper {args.compute_type}, window after window", "faster-whisper", 1)
-        for batch in [b for b in sizes if b > 1]:
+        for batch in [b for b in sizes if b > 1]:  # ('default' is the command line's for several files)
             run(f"faster-whisper {args.compute_type} BatchedInferencePipeline, batch_size {batch}", "faster-whisper",
                 batch)
         run(f"faster-whisper {args.compute_type}, window after window, vad_filter", "faster-whisper-vad-filter", 1)
         run(f"medusa-whisper {args.compute_type}, --batch-size 1", "ours", 1)
         run(f"medusa-whisper {args.compute_type}, --vad-filter", "ours-vad-filter", 1)
-        for batch in sizes:
+        for batch in [b for b in sizes if b > 0]:
             run(f"medusa-whisper {args.compute_type}, --vad-chunks --batch-size {batch}", "ours-vad", batch)
     ours_one = next((s for name, s in systems.items() if name.endswith("--batch-size 1")), None)
     fw = next(iter(systems.values()))
@@ -176,10 +186,19 @@ def main() -> None:
         same = "-" if t["same_text_as_batch_1"] is None else f"{t['same_text_as_batch_1']}/{len(rows)}"
         lines.append(f"| {t['system']} | {t['seconds']} | {t['audio_per_second']} | {t['vs_faster_whisper']}x | "
                      f"{t['wer']} | {same} | {t['peak_rss_mb']} |")
+    # what the workers measured and chose on this machine (kernel routes, batch sizes), read back from
+    # the cache they share: the thread count is part of the key
+    import torch
+
+    from medusa_whisper.batched import measured_choices
+    torch.set_num_threads(args.threads)
+    choices = measured_choices()
+    lines += [""] + choices
     print("\n".join(lines))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".json").write_text(json.dumps(dict(machine=machine, rows=table), indent=1) + "\n")
+        args.out.with_suffix(".json").write_text(json.dumps(dict(machine=machine, rows=table, choices=choices),
+                                                            indent=1) + "\n")
         args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
         try:
             import matplotlib

@@ -598,6 +598,8 @@ def main() -> None:
                 load_start=load_start, load_end=os.getloadavg()[0], quick=args.quick,
                 date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 clip_set=str(clip_csv), wall_seconds=round(time.perf_counter() - began, 1))
+    from medusa_whisper.batched import measured_choices
+    info["choices"] = measured_choices()  # kernel routes and batch sizes measured on this machine
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if args.quick else ""
     (args.out / f"bench{suffix}.json").write_text(json.dumps(dict(info=info, rows=rows), indent=1))
@@ -605,6 +607,7 @@ def main() -> None:
     (args.out / f"bench{suffix}.md").write_text(table)
     plot(rows, args.out / f"speedup_by_length{suffix}.png", info)
     print(table)
+    print("\n".join(info["choices"]))
     print(f"wrote {args.out}/bench{suffix}.json, bench{suffix}.md, speedup_by_length{suffix}.png "
           f"in {info['wall_seconds']:.0f} s")
 
