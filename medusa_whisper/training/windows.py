@@ -96,7 +96,8 @@ def read_audio_dir(folder: Path, language: str = "en") -> List[Utterance]:
     return [Utterance(path=str(p), language=language, group=str(p.parent.relative_to(folder))) for p in files]
 
 
-def _duration(u: Utterance) -> float:
+def duration(u: Utterance) -> float:
+    """Seconds of an utterance: the CSV's `seconds` when given, else measured from the file."""
     if u.seconds is not None:
         return u.seconds
     import soundfile as sf
@@ -126,7 +127,7 @@ def pack(utterances: Sequence[Utterance], seed: int = 0, min_seconds: float = 20
         current: Optional[Window] = None
         length = target = 0.0
         for u in members:
-            seconds = _duration(u)
+            seconds = duration(u)
             gap = rng.uniform(*pause)
             if current is not None and length + gap + seconds <= min(target, MAX_WINDOW_SECONDS):
                 current.utterances.append(u)
