@@ -158,3 +158,15 @@ def test_train_with_hours_caches_blocks_that_a_second_run_reuses(tmp_path, clips
     capsys.readouterr()
     assert main(argv[:-1] + [str(tmp_path / "h2.pt"), "--hours", "1"]) == 1
     assert capsys.readouterr().err.strip().startswith("medusa-whisper: error: --hours 1: the training data holds 2")
+
+
+def test_first_fit_packing_fills_earlier_windows_and_keeps_every_utterance():
+    seconds = [9, 9, 4, 9, 4, 3, 9, 2, 8, 4, 9, 3]
+    utterances = [windows.Utterance(path=f"u{i}", group="one", seconds=s) for i, s in enumerate(seconds)]
+    plain = windows.pack(utterances, seed=5, min_seconds=14, max_seconds=16)
+    fitted = windows.pack(utterances, seed=5, min_seconds=14, max_seconds=16, first_fit=True)
+    for packed in (plain, fitted):
+        assert sorted(u.path for w in packed for u in w.utterances) == sorted(u.path for u in utterances)
+        for w in packed:
+            assert sum(u.seconds for u in w.utterances) + sum(w.pauses) <= 16 + 1e-9 or len(w.utterances) == 1
+    assert len(fitted) < len(plain)

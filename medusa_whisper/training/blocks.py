@@ -36,7 +36,7 @@ class Block:
     def key(self, seed: int, window_seconds: Tuple[float, float], label: LabelOptions) -> str:
         """A digest of everything that decides the block's cache: its rows, packing and labelling."""
         spec = json.dumps(dict(rows=[(u.path, u.sentence, u.language, u.group, round(duration(u), 2))
-                                     for u in self.utterances],
+                                     for u in self.utterances], packing="first-fit",
                                seed=seed, window_seconds=list(window_seconds), label=asdict(label)))
         return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
@@ -72,7 +72,7 @@ def select(blocks: Sequence[Block], hours: float, block_hours: float = BLOCK_HOU
 def block_windows(block: Block, seed: int, window_seconds: Tuple[float, float]) -> List[Window]:
     """The block's windows, packed with a seed of its own (the same windows whatever follows the block)."""
     return pack(block.utterances, seed=seed * 1000 + block.index, min_seconds=window_seconds[0],
-                max_seconds=window_seconds[1])
+                max_seconds=window_seconds[1], first_fit=True)
 
 
 def block_dir(cache_dir: Path, block: Block) -> Path:
