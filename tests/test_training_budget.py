@@ -126,7 +126,7 @@ def test_the_learning_curve_draws_runs_on_different_hours(tmp_path):
         (folder / "history.json").write_text(json.dumps(run.history))
         (folder / "record.json").write_text(json.dumps({"cache": {"train": {"hours": run.train_hours}}}))
     read = learning_curve.read_run(tmp_path / "10h")
-    assert (read.label, read.train_hours, len(read.history)) == ("10 h of speech", 10.0, 3)
+    assert (read.label, read.train_hours, len(read.history)) == ("10.0 h of speech", 10.0, 3)
     pytest.importorskip("matplotlib")
     assert plot_learning_curve(runs, tmp_path / "curve.png", "toy").stat().st_size > 0
 
@@ -154,6 +154,14 @@ def test_train_with_hours_caches_blocks_that_a_second_run_reuses(tmp_path, clips
     assert main(argv[:-1] + [str(tmp_path / "h1.pt"), "--hours", "0.002", "--no-resume"]) == 0
     assert [p.stat().st_mtime_ns for p in shards] == stamps
     assert json.loads((tmp_path / "h1.work" / "record.json").read_text())["cache"]["train"]["blocks"] == 1
+    # another head type on the same blocks, within a budget
+    ctc = ["train", "--heads-type", "ctc", "--base", "tiny.en", "--data", str(data), "--cache-dir", str(cache),
+           "--hours", "0.003", "--block-hours", "0.0025", "--window-seconds", "8", "12", "--epochs", "1",
+           "--minutes", "5", "--threads", "2", "--out", str(tmp_path / "c.pt")]
+    assert main(ctc) == 0
+    assert [p.stat().st_mtime_ns for p in shards] == stamps
+    ctc_record = json.loads((tmp_path / "c.work" / "record.json").read_text())
+    assert ctc_record["budget"] == {"hours": 0.003, "minutes": 5.0} and ctc_record["cache"]["train"]["blocks"] == 2
     # more hours than the rows hold: one line
     capsys.readouterr()
     assert main(argv[:-1] + [str(tmp_path / "h2.pt"), "--hours", "1"]) == 1

@@ -36,7 +36,7 @@ def read_run(folder: Path, label: Optional[str] = None) -> Run:
         raise SystemExit(f"learning_curve: error: {folder}: no history.json (not a training work folder?)")
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     hours = train_hours(record)
-    name = label or (f"{hours:g} h of speech" if hours is not None else folder.name)
+    name = label or (f"{hours:.1f} h of speech" if hours is not None else folder.name)
     return Run(name, json.loads(history_path.read_text()), hours)
 
 
