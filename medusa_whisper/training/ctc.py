@@ -222,12 +222,15 @@ class CtcTask:
 
 def train(model, train_shard: Shard, heldout_shard: Optional[Shard], cfg: CtcTrainConfig, work_dir: Path,
           settings: DraftSettings = DraftSettings(), resume: bool = True, max_steps: Optional[int] = None,
-          log=print) -> Tuple[CtcHead, loop.TrainState]:
+          log=print, minutes: Optional[float] = None,
+          example_seconds: Optional[List[float]] = None) -> Tuple[CtcHead, loop.TrainState]:
     """Train a CTC head for ``cfg.epochs`` epochs over the cached windows of ``model``.
 
     max_steps : stop after this global step (the schedule still spans all epochs)
+    minutes, example_seconds : a time budget and each example's seconds of audio (loop.train)
     """
     task, state = loop.train(lambda: CtcTask(model, train_shard, heldout_shard, cfg, settings), cfg, work_dir,
-                             resume=resume, max_steps=max_steps, log=log)
+                             resume=resume, max_steps=max_steps, log=log, minutes=minutes,
+                             example_seconds=example_seconds)
     task.head.eval()
     return task.head, state

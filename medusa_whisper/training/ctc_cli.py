@@ -50,7 +50,7 @@ def run_train(args: argparse.Namespace) -> int:
     from ..drafting.ctc_proposer import DraftSettings
     from ..drafting.draft_head import draft_head_file
     from ..loading import load_model
-    from . import ctc, features, plots, windows
+    from . import blocks, ctc, features, plots, windows
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -67,21 +67,29 @@ def run_train(args: argparse.Namespace) -> int:
     heldout_dir = args.ctc_heldout_cache or cache / "heldout"
     if args.ctc_train_cache and (args.data or args.audio_dir):
         raise MedusaWhisperError("train: --ctc-train-cache reads existing caches; do not also give --data/--audio-dir")
-    if args.data or args.audio_dir:
+    label = features.LabelOptions(labels="self", timestamps_fraction=args.timestamps_fraction, seed=args.seed)
+    seconds = chosen = None
+    if args.hours:
+        from .cli import hour_blocks
+
+        if args.ctc_train_cache:
+            raise MedusaWhisperError("train: --hours chooses rows of --data; do not also give --ctc-train-cache")
+        chosen, utterances, summary["train"] = hour_blocks(args, base, cache, label)
+    elif args.data or args.audio_dir:
         utterances = windows.read_sources(args.data, args.audio_dir, args.language)
         train_windows = windows.pack(utterances, seed=args.seed, min_seconds=args.window_seconds[0],
                                      max_seconds=args.window_seconds[1])
         if args.max_windows:
             shard = features.SHARD_WINDOWS
             train_windows = train_windows[: -(-args.max_windows // shard) * shard]
-        label = features.LabelOptions(labels="self", timestamps_fraction=args.timestamps_fraction, seed=args.seed)
         summary["train"] = features.build_cache(base, train_windows, cache / "train", label, "cache train")
+    if args.data or args.audio_dir:
         if args.heldout:
             heldout_windows = windows.pack(windows.read_csv(args.heldout), seed=args.seed + 1,
                                            min_seconds=args.window_seconds[0], max_seconds=args.window_seconds[1])
             summary["heldout"] = features.build_cache(base, heldout_windows, cache / "heldout", label,
                                                       "cache heldout")
-    for folder in train_dirs:
+    for folder in ([] if chosen else train_dirs):
         if not features.shard_paths(folder):
             raise MedusaWhisperError(f"train: {folder}: no shard_*.pt (give --data CSV or --audio-dir DIR to build "
                                      f"a cache, or --ctc-train-cache DIR of an existing one)")
@@ -93,8 +101,12 @@ def run_train(args: argparse.Namespace) -> int:
         shards = {**shards, **json.loads(recorded.read_text())}  # a resumed run reads what the first one read
     work.mkdir(parents=True, exist_ok=True)
     recorded.write_text(json.dumps(shards, indent=1))
-    train_shard = features.merge([features.load_cache(folder, max_shards=n) for folder, n in
-                                   zip(train_dirs, shards.values())])
+    if chosen:
+        train_shard = blocks.load(cache / "train", chosen)
+        seconds = blocks.window_seconds(train_shard, utterances)
+    else:
+        train_shard = features.merge([features.load_cache(folder, max_shards=n) for folder, n in
+                                       zip(train_dirs, shards.values())])
     heldout = features.load_cache(heldout_dir) if features.shard_paths(heldout_dir) else None
     summary.setdefault("train", dict(windows=len(train_shard.tokens), shards=shards))
     if heldout is not None:
@@ -104,14 +116,17 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = _config(args)
     settings = DraftSettings.from_dict(args.ctc_decoding)
     head, state = ctc.train(base, train_shard, heldout, cfg, work, settings, resume=not args.no_resume,
-                            max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr))
+                            max_steps=args.max_steps, log=lambda m: print(m, file=sys.stderr),
+                            minutes=args.minutes, example_seconds=seconds)
     title = f"{args.base} CTC head ({cfg.block} x{cfg.layers}, width {cfg.width}, {cfg.n_units} units)"
     plots.write_curve(state.history, work, plots.plot_ctc_history, title, state.best.get("step"))
     record = dict(base_model=args.base, train_config=asdict(cfg), labels="self", cache=summary,
                   steps=state.step, threads=torch.get_num_threads(), device="cpu",
+                  budget=dict(hours=args.hours, minutes=args.minutes),
                   cache_seconds=cache_seconds, train_seconds=round(state.seconds, 1),
                   final=state.history[-1] if state.history else None, best=state.best or None,
                   command="medusa-whisper " + " ".join(sys.argv[1:]))
+    (work / "record.json").write_text(json.dumps(record, indent=1))  # for tools/learning_curve.py
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(draft_head_file(head, args.base, record), args.out)
     print(json.dumps(dict(out=str(args.out), steps=state.step, train_seconds=round(state.seconds, 1),

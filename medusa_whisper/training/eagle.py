@@ -284,11 +284,14 @@ class EagleTask:
 
 
 def train(model, train_shard: Shard, heldout: Optional[Shard], cfg: EagleTrainConfig, work_dir: Path,
-          resume: bool = True, max_steps: Optional[int] = None, log=print) -> Tuple[EagleHead, loop.TrainState]:
+          resume: bool = True, max_steps: Optional[int] = None, log=print, minutes: Optional[float] = None,
+          example_seconds: Optional[List[float]] = None) -> Tuple[EagleHead, loop.TrainState]:
     """Train for ``cfg.epochs`` epochs; ``work_dir/checkpoint.pt`` after every ``checkpoint_every`` steps.
 
     max_steps : stop after this global step (the schedule still spans all epochs), to split a long run
+    minutes, example_seconds : a time budget and each example's seconds of audio (loop.train)
     """
     task, state = loop.train(lambda: EagleTask(model, train_shard, heldout, cfg), cfg, work_dir,
-                             resume=resume, max_steps=max_steps, log=log)
+                             resume=resume, max_steps=max_steps, log=log, minutes=minutes,
+                             example_seconds=example_seconds)
     return task.head, state

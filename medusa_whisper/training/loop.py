@@ -9,6 +9,13 @@ A run is resumable at any checkpoint and a resumed run ends where an uninterrupt
 batches of an epoch are a permutation drawn from (seed, epoch) and the schedule from the step
 number, so the loop can start at any step; a task that draws random numbers per step must draw them
 from the step number too (see ``HeadTask.train_step``).
+
+A time budget (``minutes``) makes a run fit a working session: the cosine schedule then follows
+whichever is further along, the steps or the minutes spent (evaluations included), and the run
+stops when the minutes are spent. Such a run depends on the machine's speed, so it is not
+reproducible step for step; a resumed one still goes on from the minutes its checkpoint recorded.
+With the seconds of audio in each example, every evaluation also records the hours of speech the
+head has been shown so far: the x-axis of a learning curve.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -80,13 +87,15 @@ class TrainState:
     history: List[Dict] = field(default_factory=list)
     seconds: float = 0.0
     best: Dict = field(default_factory=dict)  # the held-out best whose weights a draft head ends with
+    speech_seconds_seen: float = 0.0  # audio in the examples trained on so far (when the task knows it)
 
 
-def lr_factor(step: int, total: int, warmup: int, floor: float) -> float:
-    """Linear warm-up, then a cosine from 1 down to ``floor`` at the last step."""
+def lr_factor(step: int, total: int, warmup: int, floor: float, time_progress: float = 0.0) -> float:
+    """Linear warm-up, then a cosine from 1 down to ``floor`` at the last step, or earlier when
+    ``time_progress`` (the share of a time budget spent) is further along than the steps."""
     if step < warmup:
         return (step + 1) / warmup
-    progress = (step - warmup) / max(total - warmup, 1)
+    progress = max((step - warmup) / max(total - warmup, 1), time_progress)
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
@@ -98,12 +107,17 @@ def epoch_batches(examples: int, batch_size: int, seed: int, epoch: int) -> List
 
 
 def train(build: Callable[[], HeadTask], cfg: LoopConfig, work_dir: Path, resume: bool = True,
-          max_steps: Optional[int] = None, log=print) -> Tuple[HeadTask, TrainState]:
+          max_steps: Optional[int] = None, log=print, minutes: Optional[float] = None,
+          example_seconds: Optional[Sequence[float]] = None) -> Tuple[HeadTask, TrainState]:
     """Train the task ``build()`` returns for ``cfg.epochs`` epochs; checkpoints go to ``work_dir/checkpoint.pt``.
 
-    build     : makes the task after seeding, so that its fresh weights depend on ``cfg.seed`` only
-    max_steps : stop after this global step (the schedule still spans all epochs), e.g. for a test
-                of resuming or to split a long run
+    build           : makes the task after seeding, so that its fresh weights depend on ``cfg.seed`` only
+    max_steps       : stop after this global step (the schedule still spans all epochs), e.g. for a test
+                      of resuming or to split a long run
+    minutes         : a time budget for the whole run (resumed parts included): the schedule decays
+                      by the minutes spent when they are further along than the steps, and the run
+                      ends, evaluated and checkpointed, once they are spent
+    example_seconds : seconds of audio in each example, for the speech-seen column of the history
     """
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
@@ -128,19 +142,26 @@ def train(build: Callable[[], HeadTask], cfg: LoopConfig, work_dir: Path, resume
     best = BestWeights(work_dir, task.best_metric, fresh=state.step == 0) if task.best_metric else None
 
     stop = total_steps if max_steps is None else min(total_steps, max_steps)
-    bar = tqdm(total=stop, initial=state.step, desc=task.description, unit="step")
+    budget = minutes * 60 if minutes else None
+    bar = tqdm(total=stop if budget is None else None, initial=state.step, desc=task.description, unit="step")
     began = time.perf_counter() - state.seconds
     running: List[float] = []
     batches_of: Dict[int, List[Tensor]] = {}  # the current epoch's batches, drawn once rather than every step
+    if budget is not None and state.step > 0 and state.seconds >= budget:
+        stop = state.step  # resumed after the budget was spent: the last checkpoint already ends the run
     while state.step < stop:
         epoch, index = divmod(state.step, steps_per_epoch)
         if epoch not in batches_of:
             batches_of = {epoch: epoch_batches(task.examples, task.batch_size, cfg.seed, epoch)}
-        factor = lr_factor(state.step, total_steps, cfg.warmup_steps, task.lr_floor)
+        spent = (time.perf_counter() - began) / budget if budget else 0.0
+        factor = lr_factor(state.step, total_steps, cfg.warmup_steps, task.lr_floor, spent)
         for group, base_lr in zip(optimizer.param_groups, base_lrs):
             group["lr"] = base_lr * factor
         optimizer.zero_grad(set_to_none=True)
-        loss, shown = task.train_step(batches_of[epoch][index], state.step)
+        rows = batches_of[epoch][index]
+        loss, shown = task.train_step(rows, state.step)
+        if example_seconds is not None:
+            state.speech_seconds_seen += float(sum(example_seconds[i] for i in rows.tolist()))
         if task.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], task.clip_norm)
         optimizer.step()
@@ -148,10 +169,13 @@ def train(build: Callable[[], HeadTask], cfg: LoopConfig, work_dir: Path, resume
         running.append(loss)
         bar.update(1)
         bar.set_postfix(loss=f"{np.mean(running[-20:]):.3f}", **shown)
-        last = state.step == stop
+        out_of_time = budget is not None and time.perf_counter() - began >= budget
+        last = state.step == stop or out_of_time
         if state.step % cfg.eval_every == 0 or last:
             record = dict(step=state.step, epoch=round(state.step / steps_per_epoch, 3),
                           train_loss=round(float(np.mean(running)), 4), seconds=round(time.perf_counter() - began, 1))
+            if example_seconds is not None:
+                record["speech_hours_seen"] = round(state.speech_seconds_seen / 3600, 4)
             running = []
             heldout = task.evaluate()
             if heldout is not None:
@@ -163,6 +187,9 @@ def train(build: Callable[[], HeadTask], cfg: LoopConfig, work_dir: Path, resume
         if state.step % cfg.checkpoint_every == 0 or last:
             state.seconds = time.perf_counter() - began
             _save_checkpoint(checkpoint, task, optimizer, state)
+        if out_of_time:
+            log(f"the {minutes:g}-minute budget is spent at step {state.step}")
+            break
     bar.close()
     state.seconds = time.perf_counter() - began
     if best is not None:  # after the last checkpoint: a resumed run goes on from the last weights, not the best

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 
 def write_curve(history: List[Dict], work_dir: Path, plot: Callable, title: str,
@@ -111,6 +112,61 @@ def plot_ctc_history(history: List[Dict], path: Path, title: str = "", best_step
     left.legend()
     right.set_xlabel("step")
     return _save(plt, fig, path, title, best_step, left, right)
+
+
+# the held-out score a draft head's run is judged by: the EAGLE replay's, then the CTC replay's
+SCORE_KEYS = ("tokens_per_step", "tokens_per_pass")
+
+
+@dataclass
+class Run:
+    """One training run of a learning curve: its label, its history.json and its training speech."""
+
+    label: str
+    history: List[Dict]
+    train_hours: Optional[float] = None  # hours of distinct training speech the run had
+
+
+def run_score(record: Dict) -> Optional[float]:
+    """The held-out tokens per pass of one evaluation record, or None when it has none."""
+    heldout = record.get("heldout") or {}
+    return next((float(heldout[k]) for k in SCORE_KEYS if k in heldout), None)
+
+
+def plot_learning_curve(runs: Sequence[Run], path: Path, title: str = "") -> Optional[Path]:
+    """Held-out tokens per pass against minutes trained and hours of speech seen, one line per run,
+    and, with runs on different amounts of speech, each run's best against its hours of speech: where
+    the curves flatten, more training or more data stops paying."""
+    plt = _pyplot()
+    scored = [(run, [h for h in run.history if run_score(h) is not None]) for run in runs]
+    scored = [(run, hs) for run, hs in scored if hs]
+    if plt is None or not scored:
+        return None
+    by_data = sorted((run.train_hours, max(run_score(h) for h in hs)) for run, hs in scored
+                     if run.train_hours is not None)
+    panels = 3 if len({h for h, _ in by_data}) > 1 else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4))
+    for run, hs in scored:
+        scores = [run_score(h) for h in hs]
+        axes[0].plot([h["seconds"] / 60 for h in hs], scores, marker=".", label=run.label)
+        if all("speech_hours_seen" in h for h in hs):
+            axes[1].plot([h["speech_hours_seen"] for h in hs], scores, marker=".", label=run.label)
+    axes[0].set_xlabel("minutes trained (1 CPU thread, evaluations included)")
+    axes[1].set_xlabel("hours of speech seen (windows x epochs)")
+    for ax in axes[:2]:
+        ax.set_ylabel("held-out tokens per pass (replayed, lossless)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if panels == 3:
+        axes[2].plot([h for h, _ in by_data], [s for _, s in by_data], marker="o")
+        axes[2].set_xlabel("hours of distinct training speech")
+        axes[2].set_ylabel("best held-out tokens per pass")
+        axes[2].grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
 
 
 def _save(plt, fig, path: Path, title: str, best_step: Optional[int], *axes) -> Path:

@@ -308,14 +308,16 @@ class MedusaTask:
 
 
 def train(model, train_shard: Shard, heldout_shard: Optional[Shard], cfg: TrainConfig, work_dir: Path,
-          resume: bool = True, max_steps: Optional[int] = None, log=print) -> Tuple[HeadsTrainer, loop.TrainState]:
+          resume: bool = True, max_steps: Optional[int] = None, log=print,
+          minutes: Optional[float] = None) -> Tuple[HeadsTrainer, loop.TrainState]:
     """Train heads for ``cfg.epochs`` epochs; checkpoints go to ``work_dir/checkpoint.pt``.
 
     max_steps : stop after this global step (the schedule still spans all epochs), e.g. for a test
                 of resuming or to split a long run
+    minutes   : a time budget (loop.train)
     """
     task, state = loop.train(lambda: MedusaTask(model, train_shard, heldout_shard, cfg), cfg, work_dir,
-                             resume=resume, max_steps=max_steps, log=log)
+                             resume=resume, max_steps=max_steps, log=log, minutes=minutes)
     return task.trainer, state
 
 

@@ -36,6 +36,7 @@ telephone band (300-3400 Hz at 8 kHz, back to 16 kHz) and a lossy codec round tr
 vorbis or opus at low bit rates, through ffmpeg), applied in that order.
 
     python -m tools.data speech --out data/speech                    # 240 + 15 minutes
+    python -m tools.data speech --out data/speech --train-hours 10   # make speech (HOURS=10)
     python -m tools.data speech --out /tmp/s --train-minutes 1 --heldout-minutes 0.5
 
 Writes DIR/train.csv and DIR/heldout.csv (audio, sentence, language, engine, voice, seconds, then
@@ -449,6 +450,19 @@ def _hours_table(title: str, rows: List[Dict[str, str]], key: Callable[[Dict[str
     return lines + [""]
 
 
+def manifest_lines(out: Path, rows: Dict[str, List[Dict[str, str]]]) -> List[str]:
+    """The set's size on disk and a digest of each CSV: a file's name carries a hash of everything
+    that made it (Job.key), so equal digests mean the same utterances, voices and augmentations."""
+    lines = ["## Manifest", ""]
+    for split, rs in rows.items():
+        csv_path = out / f"{split}.csv"
+        size = sum((out / r["audio"]).stat().st_size for r in rs if (out / r["audio"]).is_file())
+        digest = hashlib.sha256(csv_path.read_bytes()).hexdigest()[:16]
+        lines.append(f"- {split}: {len(rs)} files, {sum(float(r['seconds']) for r in rs) / 3600:.2f} h, "
+                     f"{size / 1e6:.0f} MB on disk; {csv_path.name} sha256 {digest}")
+    return lines + [""]
+
+
 def summarise(out: Path, elapsed: float) -> str:
     """SUMMARY.md: hours per engine, voice, augmentation and source for each split."""
     rows = {s: read_rows(out / f"{s}.csv") for s in SPLITS if (out / f"{s}.csv").exists()}
@@ -466,6 +480,7 @@ def summarise(out: Path, elapsed: float) -> str:
     if len(rows) == 2:
         check_disjoint(rows)
         lines += ["train and heldout share no voice and no text.", ""]
+    lines += manifest_lines(out, rows)
     lines += [f"Synthesis wall time of this run: {elapsed / 60:.1f} min.", ""]
     text = "\n".join(lines)
     (out / "SUMMARY.md").write_text(text, encoding="utf-8")
@@ -494,6 +509,8 @@ def main() -> None:
                                      epilog="See the module docstring for voices, licences and augmentation.")
     parser.add_argument("--out", type=Path, default=Path("data/speech"))
     parser.add_argument("--train-minutes", type=float, default=240)
+    parser.add_argument("--train-hours", type=float, default=None,
+                        help="the same as --train-minutes, in hours (make speech HOURS=10)")
     parser.add_argument("--heldout-minutes", type=float, default=15)
     parser.add_argument("--ready-minutes", type=float, default=120,
                         help="write OUT/READY once train.csv holds this many minutes")
@@ -509,6 +526,8 @@ def main() -> None:
                         help="wall-time budget: stop synthesising then, keeping (and summarising) what is finished")
     args = parser.parse_args()
 
+    if args.train_hours is not None:
+        args.train_minutes = args.train_hours * 60
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = sorted(set(engines) - set(ENGINE_WEIGHTS))
     if unknown or not engines:
