@@ -5,6 +5,20 @@ BIN := $(VENV)/bin
 # The CPU wheel this project is tested with; override for CUDA, e.g. `make setup TORCH=torch`.
 TORCH ?= torch==2.13.0
 THREADS ?= 2
+# ISA=avx2 times, on a CPU with AVX-512, what an AVX2-only CPU runs: PyTorch's, oneDNN's, MKL's and
+# CTranslate2's kernels are capped to AVX2 (each library reads its variable), bfloat16 counts as
+# emulated (compute.cpu_has_bfloat16), and the measured choices go to their own cache (routes.py).
+# Not a real AVX2 machine (its memory and clocks stay this one's): results are tagged _avx2.
+ISA ?=
+ifeq ($(ISA),avx2)
+export ATEN_CPU_CAPABILITY=avx2
+export ONEDNN_MAX_CPU_ISA=AVX2
+export MKL_ENABLE_INSTRUCTIONS=AVX2
+export CT2_FORCE_CPU_ISA=AVX2
+else ifneq ($(ISA),)
+$(error ISA=$(ISA): only ISA=avx2 is known)
+endif
+ISA_TAG := $(if $(ISA),_$(ISA))
 
 .PHONY: setup demo test test-quick speed bench bench-quick bench-setup bench-packages bench-long bench-pass bench-batch gpu-pack corpus speech drafts heads clean
 
@@ -61,7 +75,7 @@ bench-quick: bench-setup
 # One decoder pass per compute type and row count: ms, ATen ops, bytes read and the floor those bytes
 # set at the bandwidth measured here (tools/bench/decoder_pass.py). Results: bench_out/pass_<model>.json.
 bench-pass: setup
-	$(BIN)/python -m tools.bench pass --model $(MODEL) --threads $(THREADS) --out bench_out/pass_$(MODEL).json
+	$(BIN)/python -m tools.bench pass --model $(MODEL) --threads $(THREADS) --out bench_out/pass_$(MODEL)$(ISA_TAG).json
 
 # Archive throughput against --batch-size on the longest real recordings, beside faster-whisper int8 one
 # file at a time (tools/bench/batch.py). Results: bench_out/batch_<model>.{json,md,png}.
@@ -71,9 +85,9 @@ BATCH_SIZES ?= default,1,4,8,16
 # (bench_out/batch_long_<model>.*), and the fallback-heavy one, sequential, against faster-whisper
 # with the same best_of (bench_out/fallback_<model>.*).
 bench-batch: bench-setup data/long/real_8min.flac data/long/real_repeated_3min.flac
-	$(BIN)/python -m tools.bench batch --model $(MODEL) --threads $(THREADS) --files $(BATCH_FILES) --batch-sizes $(BATCH_SIZES) --out bench_out/batch_$(MODEL)
-	$(BIN)/python -m tools.bench batch --model $(MODEL) --threads $(THREADS) --long data/long/real_8min.flac --batch-sizes 4,8,16 --out bench_out/batch_long_$(MODEL)
-	$(BIN)/python -m tools.bench long --model $(MODEL) --threads $(THREADS) --audio data/long/real_repeated_3min.flac --no-heads --compute-types int8 --faster-whisper int8 --best-of 5 --out bench_out/fallback_$(MODEL)
+	$(BIN)/python -m tools.bench batch --model $(MODEL) --threads $(THREADS) --files $(BATCH_FILES) --batch-sizes $(BATCH_SIZES) --out bench_out/batch_$(MODEL)$(ISA_TAG)
+	$(BIN)/python -m tools.bench batch --model $(MODEL) --threads $(THREADS) --long data/long/real_8min.flac --batch-sizes 4,8,16 --out bench_out/batch_long_$(MODEL)$(ISA_TAG)
+	$(BIN)/python -m tools.bench long --model $(MODEL) --threads $(THREADS) --audio data/long/real_repeated_3min.flac --no-heads --compute-types int8 --faster-whisper int8 --best-of 5 --out bench_out/fallback_$(MODEL)$(ISA_TAG)
 
 # What the bench needs before it measures: Debian packages, the bench extra, the held-out corpus and
 # the real recordings. Packages: the speech synthesisers and texts tools/data/corpus.py asks for, and

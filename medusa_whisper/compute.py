@@ -40,6 +40,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple, Union
 
@@ -85,7 +86,17 @@ def cpu_has_bfloat16() -> bool:
         flags = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return ("avx512_bf16" in flags or "amx_bf16" in flags) and not _dispatch_capped_below_bfloat16()
+
+
+def _dispatch_capped_below_bfloat16() -> bool:
+    """Whether the kernels were told to use less than the CPU has, below its bfloat16 instructions
+    (routes.DISPATCH_ENV: e.g. ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` to time on an
+    AVX-512 machine what an AVX2-only one runs): then they emulate bfloat16, as there."""
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    onednn = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    return aten in ("default", "avx2") or bool(onednn and onednn != "ALL" and "BF16" not in onednn
+                                                    and "AMX" not in onednn)
 
 
 def compute_type_of(model: nn.Module) -> str:

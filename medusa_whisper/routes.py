@@ -84,9 +84,22 @@ def weight_times_rows(weight: Tensor, bias: Optional[Tensor], rows: Tensor) -> T
 
 
 def machine_id() -> Dict[str, object]:
-    """What a measured choice depends on."""
+    """What a measured choice depends on: the CPU, the instructions its kernels may use, torch and
+    the thread count."""
     model, flags = _cpu()
-    return {"cpu": model, "flags": flags, "torch": torch.__version__, "threads": torch.get_num_threads()}
+    ident = {"cpu": model, "flags": flags, "torch": torch.__version__, "threads": torch.get_num_threads()}
+    capped = dispatch_caps()
+    return {**ident, "dispatch": capped} if capped else ident
+
+
+# environment variables that cap the instructions the kernels dispatch to below what the CPU has;
+# with them set, one CPU times the kernels another would run (an AVX2-only EPYC's on an AVX-512 one)
+DISPATCH_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def dispatch_caps() -> str:
+    """The caps set in this process ("" when none): choices timed under them are kept apart."""
+    return " ".join(f"{name}={os.environ[name]}" for name in DISPATCH_ENV if os.environ.get(name))
 
 
 # instruction sets that decide which kernels are fast (or exact: see int8_kernels.activation_range)
@@ -198,7 +211,8 @@ class RouteTable:
 
     def describe(self) -> List[str]:
         """What this table holds, one line per choice, for a bench to print beside its results."""
-        lines = [f"{machine_id()['cpu']} ({isa_features()}), torch {torch.__version__}, "
+        capped = f", capped by {dispatch_caps()}" if dispatch_caps() else ""
+        lines = [f"{machine_id()['cpu']} ({isa_features()}{capped}), torch {torch.__version__}, "
                  f"{torch.get_num_threads()} threads; choices measured here ({self.path}):"]
         for name, entry in sorted(self.choices.items(), key=lambda item: _natural(item[0])):
             times = ", ".join(f"{k} {v:g} us" for k, v in sorted(entry.get("us", {}).items(),

@@ -155,3 +155,35 @@ def test_a_choice_that_stays_disturbed_is_timed_again_by_later_processes_up_to_a
         raise AssertionError("measured again")
     RouteTable(busy, timer=refuse).choose(shape, 4)
     RouteTable(path, timer=refuse).choose(shape, 4)
+
+
+def test_choices_timed_with_the_kernels_capped_are_kept_apart(monkeypatch):
+    """ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA let one CPU time what a smaller one runs: those
+    timings get their own table, and the real machine's choices are not overwritten by them."""
+    for name in routes.DISPATCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    plain = routes.machine_id()
+    assert "dispatch" not in plain and routes.dispatch_caps() == ""
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    capped = routes.machine_id()
+    assert capped["dispatch"] == "ONEDNN_MAX_CPU_ISA=AVX2"
+    capped_table = routes.table()
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert routes.machine_id() == plain and routes.table().path != capped_table.path
+
+
+def test_kernels_capped_below_bfloat16_count_as_a_cpu_without_it(monkeypatch):
+    from medusa_whisper import compute
+    for name in routes.DISPATCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert not compute._dispatch_capped_below_bfloat16()
+    for name, value in (("ATEN_CPU_CAPABILITY", "avx2"), ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_VNNI")):
+        monkeypatch.setenv(name, value)
+        assert compute._dispatch_capped_below_bfloat16()
+        compute.cpu_has_bfloat16.cache_clear()
+        assert not compute.cpu_has_bfloat16()
+        monkeypatch.delenv(name)
+        compute.cpu_has_bfloat16.cache_clear()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert not compute._dispatch_capped_below_bfloat16()
+    compute.cpu_has_bfloat16.cache_clear()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ from whisper.normalizers import EnglishTextNormalizer
 import medusa_whisper
 from medusa_whisper.audio import load_audio
 from medusa_whisper.weights import missing_heads
+from tools.bench.run import machine
 
 SEGMENT_KEYS = ("seek", "start", "end", "text", "tokens")
 normalise = EnglishTextNormalizer()
@@ -175,7 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     header = (f"`{args.audio.name}`, {duration / 60:.1f} min; model `{args.model}` on cpu, {args.threads} threads; "
               f"whisper.transcribe's default options (fallback on, timestamps on"
               f"{f', best_of {args.best_of}' if args.best_of else ''}); median of {args.rounds} "
-              f"round(s); {platform.processor() or platform.machine()}; torch {torch.__version__}; "
+              f"round(s); {machine()}; torch {torch.__version__}; "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))}, {time.time() - began:.0f} s.")
     lines = [header, "", "| system | seconds | speedup vs whisper.transcribe | tokens/step | windows | fallback windows "
              "| segments | WER | same segments as greedy at its compute type |", "|---|---|---|---|---|---|---|---|---|"]

@@ -512,9 +512,10 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    from medusa_whisper.routes import isa_features
+    from medusa_whisper.routes import dispatch_caps, isa_features
 
-    text = f"{cpu} ({isa_features()}), {os.cpu_count()} cores"
+    capped = f"; kernels capped: {dispatch_caps()}" if dispatch_caps() else ""
+    text = f"{cpu} ({isa_features()}{capped}), {os.cpu_count()} cores"
     if torch.cuda.is_available():
         text += f", GPU {torch.cuda.get_device_name(0)}"
     return text
