@@ -37,6 +37,7 @@ from .fixed_decoding import Generation
 from .masks import chain_mask
 from .options import MedusaDecodingOptions, as_medusa_options
 from .routes import ROUNDS, median_micros, table as routes_table
+from .together import rows_together
 
 
 def batchable(options: MedusaDecodingOptions) -> bool:
@@ -160,8 +161,9 @@ class BatchDecoder:
         task = stream.task
         n = len(stream.tokens)
         positions = torch.arange(n, device=model.device)
-        hidden = decoder_hidden(model.decoder, torch.tensor([stream.tokens], device=model.device), positions, mine,
-                                0, chain_mask(0, n, model.device))
+        with rows_together():  # the prompt pass, as _generate's first pass
+            hidden = decoder_hidden(model.decoder, torch.tensor([stream.tokens], device=model.device), positions,
+                                    mine, 0, chain_mask(0, n, model.device))
         if task.tokenizer.no_speech is not None:
             sot_logits = next_token_logits(model, hidden[:, task.sot_index])
             stream.no_speech_prob = float(sot_logits.softmax(dim=-1)[0, task.tokenizer.no_speech])

@@ -26,6 +26,7 @@ come from torch's global generator exactly as whisper's ``Categorical.sample`` t
 
 from __future__ import annotations
 
+import contextlib
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -36,6 +37,7 @@ from whisper.model import Whisper
 
 from .decoder import DecoderCache, decoder_hidden, new_cache, next_token_logits
 from .masks import chain_mask
+from .together import rows_together
 
 
 class StepInference(Inference):
@@ -62,7 +64,9 @@ class StepInference(Inference):
         n = new.shape[1]
         positions = torch.arange(start, start + n, device=tokens.device)
         self.passes += 1
-        return decoder_hidden(decoder, new, positions, self.cache, start, chain_mask(start, n, tokens.device))
+        # the first pass is the prompt, every candidate's copy of it, only ever computed together
+        with rows_together() if start == 0 else contextlib.nullcontext():
+            return decoder_hidden(decoder, new, positions, self.cache, start, chain_mask(start, n, tokens.device))
 
     def logits(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
         """whisper's interface: logits at every new position (what ``next_logits`` avoids)."""

@@ -52,6 +52,8 @@ from whisper.model import MultiHeadAttention, ResidualAttentionBlock
 from .errors import MedusaWhisperError
 from .paths import atomic_path, cache_dir
 from .int8_kernels import Prepared, prepack, quantize_rows, rowwise_int8_matmul
+from .routes import ROUNDS, median_micros, table as routes_table
+from .together import together
 from .projection import HalfProjection, Int8Projection
 
 log = logging.getLogger(__name__)
@@ -142,8 +144,10 @@ class Int8Linear(nn.Module):
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
         bias = self.bias  # None once applied
-        if self.kernel == "weight_only" and rows.shape[0] >= MANY_ROWS and cpu_has_bfloat16():
-            y = F.linear(rows.to(torch.bfloat16), self._bfloat16_weight()).float()
+        if (self.kernel == "weight_only" and rows.device.type == "cpu"
+                and (rows.shape[0] >= MANY_ROWS
+                     or (together() and rows.shape[0] >= many_rows_from(self.out_features, self.in_features)))):
+            y = self._many_rows(rows)
         elif self.kernel == "weight_only":
             # the kernel wants rows with unit stride (a transposed input, as in a convolution block, has not)
             y = torch._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.qweight,
@@ -159,6 +163,18 @@ class Int8Linear(nn.Module):
         if bias is not None:
             y = y.add_(bias)
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+
+    def _many_rows(self, rows: Tensor) -> Tensor:
+        """x @ W.T for rows that are only ever multiplied together (a prompt, the cross-attention
+        keys and values: together.py), where the weight-only kernel, which costs about as much per
+        row as for one row, is the slowest choice. A bfloat16 copy of the weight where the CPU has
+        bfloat16 products; elsewhere oneDNN's int8 product with the rows quantised one by one (what
+        the encoder uses there). Measured, base, one core, 150 rows of 1536 x 512: weight-only 3.5 ms,
+        bfloat16 1.4 ms on an AVX-512 EPYC; capped to AVX2, weight-only 4.8 ms, int8 rows 1.4 ms,
+        float32 3.1 ms, emulated bfloat16 12.7 ms."""
+        if cpu_has_bfloat16():
+            return F.linear(rows.to(torch.bfloat16), self._bfloat16_weight()).float()
+        return rowwise_int8_matmul(rows.float(), self._packed(), self.scale, self._zero_points())
 
     def _bfloat16_weight(self) -> Tensor:
         """The dequantised weight in bfloat16 (kept while the module lives, not saved): for products of
@@ -183,9 +199,52 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
 
 
-# rows from which an int8 linear multiplies a bfloat16 copy of its weight instead (Int8Linear._bfloat16_weight);
-# a decoder pass never has this many (MAX_ROWS of invariant_attention is 32), a prompt pass may
+# rows from which an int8 weight-only linear takes its many-rows kernel (Int8Linear._many_rows) even outside
+# rows_together (a draft head over the 1,500 audio positions); a decoding pass never has this many
 MANY_ROWS = 256
+
+
+# row counts at which the two kernels of rows computed together are compared (many_rows_from)
+TOGETHER_ROWS = (2, 4, 8, 16, 32, 64)
+
+
+def many_rows_from(n_out: int, n_in: int) -> int:
+    """The fewest rows (of TOGETHER_ROWS) from which ``Int8Linear._many_rows`` multiplies a weight of
+    this shape faster than the weight-only kernel on this CPU, for rows computed together (a
+    prompt); MANY_ROWS where it never is. Timed once per machine and kept with the routes (about
+    0.1 s a shape): the crossing lies between 8 and 16 rows on an AVX-512 EPYC and, capped to AVX2,
+    near 8, but nothing here assumes it."""
+    return _many_rows_from(n_out, n_in, torch.get_num_threads(), cpu_has_bfloat16())
+
+
+@functools.lru_cache(maxsize=None)
+def _many_rows_from(n_out: int, n_in: int, threads: int, bfloat16: bool) -> int:
+    name = f"int8 rows together {n_out}x{n_in} {'bfloat16' if bfloat16 else 'int8 rows'}"
+
+    def measure() -> Dict[str, float]:
+        layer = Int8Linear.from_linear(nn.Linear(n_in, n_out))
+        inputs = {n: torch.randn(n, n_in) for n in TOGETHER_ROWS}
+        kernels = {"weight_only": lambda x: torch._weight_int8pack_mm(x.to(torch.bfloat16), layer.qweight,
+                                                                      layer._unit_scale()),
+                   "many_rows": layer._many_rows}
+        best = {f"{kernel}@{n}": float("inf") for kernel in kernels for n in TOGETHER_ROWS}
+        for _ in range(ROUNDS):  # alternating, the fastest round counts (as the routes are timed)
+            for n, x in inputs.items():
+                for kernel, run in kernels.items():
+                    best[f"{kernel}@{n}"] = min(best[f"{kernel}@{n}"], median_micros(lambda: run(x)))
+        return best
+    return first_faster(routes_table().costs(name, measure))
+
+
+def first_faster(costs: Dict[str, float]) -> int:
+    """From measured costs ("kernel@rows" -> microseconds): the fewest rows from which the many-rows
+    kernel is faster at every count measured, or MANY_ROWS."""
+    start = MANY_ROWS
+    for n in reversed(TOGETHER_ROWS):
+        if costs[f"many_rows@{n}"] >= costs[f"weight_only@{n}"]:
+            break
+        start = n
+    return start
 
 
 def fuse_qkv(attn: nn.Module) -> None:
@@ -228,7 +287,7 @@ class HalfLinear(nn.Module):
     rows_alone = False
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.rows_alone and x.shape[:-1].numel() > 1:
+        if self.rows_alone and x.shape[:-1].numel() > 1 and not together():
             rows = x.reshape(-1, x.shape[-1])
             out = torch.cat([self._product(rows[i:i + 1]) for i in range(rows.shape[0])])
             return out.reshape(*x.shape[:-1], self.out_features)

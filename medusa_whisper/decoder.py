@@ -24,6 +24,7 @@ from .kv_cache import CrossKV, StaticKVCache
 from .masks import chain_mask  # noqa: F401 (re-exported: the decoder's callers build their masks with it)
 from .projection import of as projection_of
 from .routes import WEIGHT_FIRST, WHISPER_ROUTE, route_for, weight_times_rows  # noqa: F401 (re-exported)
+from .together import rows_together, together
 
 
 _PLAIN_LINEARS = (nn.Linear, whisper.model.Linear)
@@ -76,7 +77,8 @@ def block_caches(blocks, n_ctx: int, audio_features: Tensor, rows_per_audio: int
     self_attn = StaticKVCache(len(blocks), batch * rows_per_audio, n_ctx, n_state, invariant_dtype(blocks[0].attn) if fixed else dtype,
                               device, zeroed=fixed, n_head=blocks[0].attn.n_head if fixed else None)
     cross = blocks[0].cross_attn
-    cross_attn = CrossKV(blocks, audio_features, invariant_dtype(cross) if row_invariant(cross) else None)
+    with rows_together():  # once per window, from its encoder output alone
+        cross_attn = CrossKV(blocks, audio_features, invariant_dtype(cross) if row_invariant(cross) else None)
     return self_attn, cross_attn
 
 
@@ -93,12 +95,13 @@ def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Opti
     a time over exactly the keys it may see, as a pass over that row alone would: batched attention
     kernels round differently for different numbers of rows, and int8 or bfloat16 linears after
     them turn such last-bit differences into different logits, so verifying K rows at once would
-    no longer equal greedy decoding.
+    no longer equal greedy decoding. Not in a pass whose rows are only computed together (a
+    prompt, ``together.rows_together``).
     """
     q = linear(attn.query, x) if q is None else q
     if row_invariant(attn):
         return linear(attn.out, invariant_attention(q, k, v, attn.n_head, mask))
-    if q.shape[1] > 1 and getattr(attn, "rows_alone", False):
+    if q.shape[1] > 1 and getattr(attn, "rows_alone", False) and not together():
         return attn.out(torch.cat([_attention(q[:, i:i + 1], *_visible(k, v, mask, i), attn.n_head, None)
                                    for i in range(q.shape[1])], dim=1))
     return linear(attn.out, _attention(q, k, v, attn.n_head, mask))

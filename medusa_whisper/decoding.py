@@ -13,6 +13,7 @@ own ``DecodingTask``, so options mean exactly what they mean in ``whisper.decode
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field, fields
 from typing import List, Optional, Sequence, Union
@@ -33,6 +34,7 @@ from .drafting.factory import make_proposer
 from .drafting.tree import CandidateTree
 from .fixed_decoding import Generation
 from .options import MedusaDecodingOptions, as_medusa_options
+from .together import rows_together
 
 @dataclass(frozen=True)
 class MedusaDecodingResult(DecodingResult):
@@ -176,7 +178,9 @@ def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initia
         tree = tree.truncated(max(room, 0))
         positions, mask = tree.layout(start, len(pending), device)
         inputs = torch.tensor([pending + list(tree.tokens)], device=device)
-        hidden = decoder_hidden(decoder, inputs, positions, cache, start, mask)
+        # the first pass is the window's prompt, alone and the same in every way of decoding it
+        with rows_together() if steps == 0 else contextlib.nullcontext():
+            hidden = decoder_hidden(decoder, inputs, positions, cache, start, mask)
         steps += 1
 
         if steps == 1 and tokenizer.no_speech is not None:

@@ -36,6 +36,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .together import together
+
 INVARIANT_DTYPE = torch.bfloat16  # where the CPU multiplies it natively (compute.invariant_dtype)
 MAX_ROWS = 32  # most rows per product; the probe checks every count from 2 to this
 
@@ -59,7 +61,12 @@ def invariant_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, allowed: O
     """
     batch, n_query, n_state = q.shape
     d_head = n_state // n_head
-    chunk = product_rows(k.dtype, n_head, d_head, k.shape[2]) if n_query > 1 else 2
+    if n_query == 1:
+        chunk = 2
+    elif together():  # a prompt pass: its rows are never computed in other company (together.py)
+        chunk = n_query
+    else:
+        chunk = product_rows(k.dtype, n_head, d_head, k.shape[2])
     # the scale 1/sqrt(d_head) (a power of two for whisper's 64) on the float32 query, as SDPA's default
     q = (q.view(batch, n_query, n_head, d_head).transpose(1, 2) * d_head ** -0.5).to(k.dtype)
     if allowed is not None and allowed.dim() == 2:

@@ -37,7 +37,7 @@ LAYERS: Tuple[Layer, ...] = (
                      "model, no I/O beyond the route timings' cache file",
           ("medusa_whisper.routes", "medusa_whisper.int8_kernels", "medusa_whisper.invariant_attention",
            "medusa_whisper.kv_cache", "medusa_whisper.masks", "medusa_whisper.projection",
-           "medusa_whisper.logit_rules")),
+           "medusa_whisper.logit_rules", "medusa_whisper.together")),
     Layer("proposer seam", "what the decoding loop sees of any proposer (candidate trees, propose() and "
                            "commit()): plain data and masks, no model",
           ("medusa_whisper.drafting", "medusa_whisper.drafting.tree", "medusa_whisper.drafting.base")),
@@ -77,7 +77,7 @@ LAYERS: Tuple[Layer, ...] = (
            "medusa_whisper.evaluation")),
     Layer("training", "fitting heads on a frozen base model: windows, cached features, one loop and what each "
                       "head type gives it (trainer: Medusa, eagle, ctc), their CLIs",
-          ("medusa_whisper.training", "medusa_whisper.training.windows", "medusa_whisper.training.features",
+          ("medusa_whisper.training", "medusa_whisper.training.windows", "medusa_whisper.training.features", "medusa_whisper.training.blocks",
            "medusa_whisper.training.plots", "medusa_whisper.training.best", "medusa_whisper.training.loop",
            "medusa_whisper.training.trainer", "medusa_whisper.training.eagle", "medusa_whisper.training.ctc",
            "medusa_whisper.training.ctc_cli", "medusa_whisper.training.cli")),

@@ -307,3 +307,62 @@ def test_prepared_forms_are_remade_when_their_sources_change_and_not_copied():
     assert copy.deepcopy(prepared).get("form", make, weight, weight.data_ptr() + 64) == 4  # a copy has none
     prepared.clear()
     assert prepared.get("form", make, weight, weight.data_ptr() + 64) == 5
+
+
+# --- rows only ever computed together (a prompt, the cross-attention keys and values) -------------
+
+
+def test_the_many_rows_kernel_starts_where_it_is_faster_at_every_count_measured():
+    from medusa_whisper.compute import MANY_ROWS, TOGETHER_ROWS, first_faster
+
+    def costs(faster_from, noise_at=None):
+        out = {}
+        for n in TOGETHER_ROWS:
+            out[f"weight_only@{n}"] = 10.0 * n
+            out[f"many_rows@{n}"] = 5.0 * n if n >= faster_from and n != noise_at else 20.0 * n
+        return out
+    assert first_faster(costs(8)) == 8
+    assert first_faster(costs(2)) == 2
+    assert first_faster(costs(8, noise_at=16)) == 32  # a count where it was slower: only above it
+    assert first_faster(costs(10 ** 6)) == MANY_ROWS
+
+
+def test_where_the_many_rows_kernel_starts_is_measured_once_per_machine(monkeypatch, tmp_path):
+    from medusa_whisper import compute
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    compute._many_rows_from.cache_clear()
+    start = compute.many_rows_from(96, 64)
+    assert start in compute.TOGETHER_ROWS + (compute.MANY_ROWS,)
+    saved = json.loads(next((tmp_path / "routes").glob("*.json")).read_text())["choices"]
+    name = next(n for n in saved if n.startswith("int8 rows together 96x64"))
+    assert compute.first_faster(saved[name]["us"]) == start
+    compute._many_rows_from.cache_clear()
+    monkeypatch.setattr(compute, "median_micros", lambda fn: pytest.fail("measured again"))
+    assert compute.many_rows_from(96, 64) == start
+    compute._many_rows_from.cache_clear()
+
+
+def test_a_long_prompt_is_one_pass_of_the_many_rows_kernels_and_speculation_still_equals_greedy(tiny_en,
+                                                                                                 monkeypatch):
+    """The prompt pass and the cross-attention keys and values take the kernels made for many rows
+    (together.py); the passes after it take the row-invariant ones, so that verified rows still get
+    the bits greedy decoding gives them."""
+    from medusa_whisper import compute, together
+
+    plain, speculative = _converted_models(tiny_en, "int8")
+    words = "the quick brown fox jumps over the lazy dog while the band plays on"
+    options = DecodingOptions(language="en", without_timestamps=True, fp16=False, prompt=" ".join([words] * 8))
+    mel = mel_of(JFK)
+    greedy = decode(plain, mel, options, mode="off")  # (and where each shape's many-rows kernel starts: measured)
+    rows_seen = []
+    real = Int8Linear._many_rows
+    monkeypatch.setattr(Int8Linear, "_many_rows", lambda self, rows: rows_seen.append(rows.shape[0]) or real(self, rows))
+    assert decode(plain, mel, options, mode="off").tokens == greedy.tokens
+    assert 1500 in rows_seen, "the cross-attention keys and values: 1,500 rows together"
+    prompt_rows = max(r for r in rows_seen if r != 1500)
+    assert prompt_rows > max(compute.TOGETHER_ROWS), "the prompt: one pass of all its rows"
+    assert set(rows_seen) == {1500, prompt_rows}, "a step's few rows stay with the row-invariant kernel"
+    assert not together.together()
+    for name, (model, draft) in speculative.items():
+        assert decode(model, mel, options, mode="lossless", draft=draft).tokens == greedy.tokens, name
+    assert set(rows_seen) == {1500, prompt_rows}, "verification passes stay with the row-invariant kernel"

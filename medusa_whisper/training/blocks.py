@@ -16,13 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from . import features
 from .features import LabelOptions, Shard
-from .windows import DataError, Utterance, Window, duration, pack
+from .windows import DataError, Utterance, Window, duration, pack, read_sources
 
 BLOCK_HOURS = 1.0
 
@@ -119,3 +120,20 @@ def window_seconds(shard: Shard, utterances: Sequence[Utterance]) -> List[float]
     cache's record of which files it played: what the learning curve counts as speech seen."""
     seconds = {u.path: duration(u) for u in utterances}
     return [sum(seconds.get(p, 0.0) for p in m["audio"]) + sum(m["pauses"]) for m in shard.meta]
+
+
+def from_args(args, base, cache: Path, label: LabelOptions):
+    """train --hours: the blocks of the training rows to train on, cached (train and its CTC variant).
+
+    returns (blocks, the training utterances, the cache summary)
+    """
+    if args.max_windows:
+        raise DataError("train: --hours and --max-windows both choose the data; give one")
+    block_hours = args.block_hours or BLOCK_HOURS
+    utterances = read_sources(args.data, args.audio_dir, args.language)
+    every, leftover = cut(utterances, block_hours)
+    chosen = select(every, args.hours, block_hours, leftover)
+    print(f"--hours {args.hours:g}: {len(chosen)} block(s) of {block_hours:g} h, "
+          f"{sum(b.seconds for b in chosen) / 3600:.2f} h of audio", file=sys.stderr)
+    summary = build(base, chosen, cache / "train", label, args.seed, tuple(args.window_seconds))
+    return chosen, utterances, summary

@@ -106,25 +106,6 @@ def positive_float(text: str) -> float:
     return value
 
 
-def hour_blocks(args: argparse.Namespace, base, cache: Path, label):
-    """--hours: the blocks of the training rows to train on, cached (training/blocks.py).
-
-    returns (blocks, the training utterances, the cache summary)
-    """
-    from . import blocks, windows
-
-    if args.max_windows:
-        raise MedusaWhisperError("train: --hours and --max-windows both choose the data; give one")
-    block_hours = args.block_hours or blocks.BLOCK_HOURS
-    utterances = windows.read_sources(args.data, args.audio_dir, args.language)
-    cut, leftover = blocks.cut(utterances, block_hours)
-    chosen = blocks.select(cut, args.hours, block_hours, leftover)
-    print(f"--hours {args.hours:g}: {len(chosen)} block(s) of {block_hours:g} h, "
-          f"{sum(b.seconds for b in chosen) / 3600:.2f} h of audio", file=sys.stderr)
-    summary = blocks.build(base, chosen, cache / "train", label, args.seed, tuple(args.window_seconds))
-    return chosen, utterances, summary
-
-
 def run_train(args: argparse.Namespace) -> int:
     import torch
 
@@ -151,7 +132,7 @@ def run_train(args: argparse.Namespace) -> int:
         raise MedusaWhisperError(f"--base {args.base}: already has heads; name the plain base model")
     label = features.LabelOptions(labels=args.labels, timestamps_fraction=args.timestamps_fraction, seed=args.seed)
     if args.hours:
-        chosen, utterances, train_summary = hour_blocks(args, base, cache, label)
+        chosen, utterances, train_summary = blocks.from_args(args, base, cache, label)
         summary = {"train": train_summary}
         load_train = lambda audio=True: blocks.load(cache / "train", chosen, audio_features=audio)  # noqa: E731
     else:

@@ -70,7 +70,7 @@ def run_train(args: argparse.Namespace) -> int:
     label = features.LabelOptions(labels="self", timestamps_fraction=args.timestamps_fraction, seed=args.seed)
     seconds = chosen = None
     if args.hours:
-        from .cli import hour_blocks
+        from .blocks import from_args as hour_blocks
 
         if args.ctc_train_cache:
             raise MedusaWhisperError("train: --hours chooses rows of --data; do not also give --ctc-train-cache")
