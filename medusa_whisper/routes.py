@@ -171,7 +171,8 @@ class RouteTable:
         if entry is None or entry.get("route") not in ROUTES or (suspect and shape not in self._retried):
             with self._lock:
                 self._retried.add(shape)  # a suspect choice is timed again once per process
-                self._measure(shape)
+                with _own_random_state():
+                    self._measure(shape)
             entry = self.choices[_name(shape, bucket)]
         self._known[(shape, rows)] = entry["route"]
         return entry["route"]
@@ -185,7 +186,8 @@ class RouteTable:
         if entry is None or entry.get("route") not in candidates:
             with self._lock:
                 began = time.perf_counter()
-                micros = {kernel: timer() for kernel, timer in candidates.items()}
+                with _own_random_state():
+                    micros = {kernel: timer() for kernel, timer in candidates.items()}
                 entry = {"route": min(micros, key=micros.get), "us": {k: round(t, 1) for k, t in micros.items()}}
                 self.choices[name] = entry
                 self.measured += 1
@@ -201,7 +203,8 @@ class RouteTable:
         if entry is None or not entry.get("us"):
             with self._lock:
                 began = time.perf_counter()
-                micros = measure()
+                with _own_random_state():
+                    micros = measure()
                 entry = {"route": min(micros, key=micros.get), "us": {k: round(t, 1) for k, t in micros.items()}}
                 self.choices[name] = entry
                 self.measured += 1
@@ -265,6 +268,13 @@ class RouteTable:
                                encoding="utf-8")
         except OSError as error:  # a read-only cache only costs the next process a measurement
             log.warning("could not save kernel routes to %s: %s", self.path, error)
+
+
+def _own_random_state():
+    """A measurement's random inputs come from a fork of torch's CPU random state: timing a kernel
+    must not change what a seeded caller samples next (whisper's temperature fallback draws from
+    that state; a route measured on first use in the middle of a run shifted every later sample)."""
+    return torch.random.fork_rng(devices=[])
 
 
 def _natural(name: str) -> list:

@@ -187,3 +187,17 @@ def test_kernels_capped_below_bfloat16_count_as_a_cpu_without_it(monkeypatch):
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
     assert not compute._dispatch_capped_below_bfloat16()
     compute.cpu_has_bfloat16.cache_clear()
+
+
+def test_measuring_leaves_the_callers_random_state_alone(tmp_path):
+    """Kernels are timed on random inputs on first use, in the middle of a run: a seeded caller
+    (whisper's sampled fallback) must draw next what it would have drawn without the measurement."""
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    # a timer that draws, as the real one does (its random weights and rows), without its seconds
+    table = RouteTable(tmp_path / "routes.json", timer=lambda *args: float(torch.rand(1)) + 1.0)
+    table.costs("a measurement", lambda: {"a": float(torch.rand(1000).sum()), "b": 1.0})
+    table.choose_kernel("a kernel", {"x": lambda: float(torch.randn(1000).sum()), "y": lambda: 1.0})
+    table.choose(("linear", 48, 32, "float32"), 4)  # the routes of a shape: timed on random weights
+    assert torch.equal(torch.rand(4), expected)
