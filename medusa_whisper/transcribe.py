@@ -322,8 +322,9 @@ def transcribe(
                hold MedusaDecodingOptions' own fields (``mode``, ``num_heads``, ...)
     progress : makes the progress bar, called like ``tqdm.tqdm(total=..., unit="s")``; by default
                a bar is shown when ``verbose`` is False, as whisper does
-    batch_size : for a list: how many recordings' windows share a decoder pass (default 8); with
-               ``vad_chunks``: how many chunks
+    batch_size : for a list: how many recordings' windows share a decoder pass (default: the size
+               measured cheapest per token on this machine, ``batched.default_batch_size``); with
+               ``vad_chunks``: how many chunks (default 8)
     vad_chunks : cut the speech into chunks of at most 30 s (Silero VAD) and decode them side by side,
                each without the previous text (chunked.py): faster, but not whisper's text
     vad_filter : cut out the silences of 2 s or more (Silero VAD) and transcribe the rest window after
@@ -344,7 +345,10 @@ def transcribe(
                    if k not in ("model", "audio", "batch_size", "decode_options", "vad_chunks")}
         if progress is None:
             del options["progress"]
-        return transcribe_many(model, audio, batch_size=batch_size or 8, **options, **decode_options)
+        if batch_size is None:  # as the command line: what a pass over more streams costs on this machine
+            from .batched import default_batch_size
+            batch_size = default_batch_size(model) if len(audio) > 1 else 1
+        return transcribe_many(model, audio, batch_size=batch_size, **options, **decode_options)
     return run_transcription(transcription(model, audio, verbose=verbose, temperature=temperature,
                                            compression_ratio_threshold=compression_ratio_threshold,
                                            logprob_threshold=logprob_threshold,
