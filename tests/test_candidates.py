@@ -121,3 +121,25 @@ def test_fallback_encodes_each_window_once(model):
     assert result["segments"] and all(s["temperature"] == 1.0 for s in result["segments"])
     assert result["medusa"]["fallback_windows"] == 1
     assert len(calls) == 1
+
+
+def test_an_int8_beam_runs_its_prompt_once_and_decodes_as_with_every_copy(mel, monkeypatch):
+    """best_of and beam_size repeat the prompt in every row; a converted model runs it once and
+    copies its keys and values to the others (candidates.StepInference._prompt_once), and the
+    beams it finds are those of the pass over every copy."""
+    from medusa_whisper import candidates
+    int8 = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    firsts = []
+    real = candidates.decoder_hidden
+    monkeypatch.setattr(candidates, "decoder_hidden",
+                        lambda decoder, tokens, positions, cache, start, mask:
+                        (firsts.append(tokens.shape[0]) if start == 0 else None)
+                        or real(decoder, tokens, positions, cache, start, mask))
+    once = decode(int8, mel, beam_size=3, language="en", prompt="the president spoke to the nation about")
+    assert firsts == [1], "one prompt pass, over one copy"
+    monkeypatch.setattr(candidates.StepInference, "_one_prompt", lambda self, new: False)
+    every = decode(int8, mel, beam_size=3, language="en", prompt="the president spoke to the nation about")
+    assert firsts == [1, 3]
+    assert once.tokens == every.tokens and len(once.tokens) > 5
+    # the many-rows kernel's bfloat16 products round a prompt row by its company (1 or 3 copies)
+    assert once.avg_logprob == pytest.approx(every.avg_logprob, abs=1e-2)
