@@ -73,6 +73,32 @@ def test_resuming_continues_at_the_same_step(tiny_en, shard, tmp_path):
         eagle.train(tiny_en, shard, None, replace(cfg, lr=0.5), tmp_path / "split")
 
 
+def test_a_heads_file_scores_as_the_trainer_scored_it(tiny_en, shard, trained, tmp_path):
+    """tools.score_eagle (shipped heads against new runs on one held-out cache) reads a heads file
+    back into the trainer's own evaluation: the same figures for the file as for the head in memory,
+    and nearly the same for its half-precision shipped copy."""
+    from medusa_whisper.loading import load_heads
+    from tools.score_eagle import score
+
+    head, _ = trained
+    columns = torch.full((51864,), eagle.IGNORE, dtype=torch.long)
+    columns[head.token_ids] = torch.arange(len(head.token_ids))
+    cfg = replace(QUICK, simulate_windows=len(shard.tokens))
+    direct = eagle.evaluate(head, tiny_en.decoder, shard, columns, cfg, eagle.feature_scale(shard))
+    path = tmp_path / "tiny.en-eagle.pt"
+    torch.save(draft_head_file(head, "tiny.en", {}), path)
+    from_file = score(load_heads(path), tiny_en, shard, cfg.simulate_depth, None, cfg.batch_windows)
+    for key in ("tokens_per_step", "first_token_accuracy", "accepted_at_depth", "windows", "loss"):
+        assert from_file[key] == direct[key], key
+    half = draft_head_file(head, "tiny.en", {})
+    half["state_dict"] = {k: v.half() if v.is_floating_point() else v for k, v in half["state_dict"].items()}
+    torch.save(half, path)
+    shipped = score(load_heads(path), tiny_en, shard, cfg.simulate_depth, None, cfg.batch_windows)
+    assert shipped["tokens_per_step"] == pytest.approx(direct["tokens_per_step"], abs=0.1)
+    with pytest.raises(ValueError, match="not an EAGLE heads file"):
+        score(dict(draft_head=dict(kind="ctc"), state_dict={}), tiny_en, shard)
+
+
 @torch.no_grad()
 def test_rolled_back_draft_cache_equals_a_fresh_one_of_the_committed_tokens(tiny_en, shard, trained):
     head, _ = trained

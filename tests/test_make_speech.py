@@ -247,3 +247,22 @@ def test_missing_transcripts_is_one_line_and_exit_1(tmp_path):
     assert run.stderr.count("\n") == 1 and "make_speech: error:" in run.stderr and "Traceback" not in run.stderr
     if not make_speech.missing_requirements(["espeak-ng"]):
         assert "no transcripts" in run.stderr
+
+
+@needs_everything
+def test_a_build_stopped_by_max_hours_is_not_done(tmp_path):
+    """--max-hours ends a build short of its minutes without DONE, so `make drafts` (which skips
+    `make speech` once DONE is there) does not take the set as finished; the same command resumes."""
+    out, real = tmp_path / "speech", tmp_path / "real"
+    real.mkdir()
+    with (real / "real.csv").open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([["audio", "sentence", "language"], ["a.flac", JFK, "en"]])
+    out.mkdir()
+    (out / "DONE").write_text("from an earlier, smaller build\n")
+    argv = [sys.executable, "-m", "tools.data", "speech", "--out", str(out), "--real", str(real),
+            "--train-minutes", "1.2", "--heldout-minutes", "0.4", "--max-hours", "1e-9"]
+    run = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "no DONE" in run.stdout
+    assert not (out / "DONE").exists() and not (out / "READY").exists()
+    assert not list(out.rglob("*.flac"))

@@ -45,7 +45,8 @@ FLAC files under DIR/train/ and DIR/heldout/. As make_corpus: a split is the sho
 its seeded plan that reaches the minutes asked for, file names carry a hash of everything that
 made them (a re-run skips finished files), and the CSVs are rewritten atomically as files finish,
 so they only ever list complete files. DIR/READY is written once train.csv holds --ready-minutes,
-DIR/DONE at the end, with DIR/SUMMARY.md (hours per voice and per augmentation).
+DIR/DONE at the end, with DIR/SUMMARY.md (hours per voice and per augmentation); a run stopped by
+--max-hours before its minutes writes the summary but no DONE (the same command resumes it).
 
 Needs: the Debian packages of make_corpus plus ffmpeg, and the ``speech`` extra of setup.cfg
 (pip install -e ".[speech]"); `make speech` installs both.
@@ -560,17 +561,23 @@ def main() -> None:
             (out / "READY").write_text(f"train.csv holds {seconds / 60:.1f} minutes of finished files; "
                                        "more rows are appended until DONE appears\n")
 
+    short = []  # splits that --max-hours stopped before their minutes
     for split, minutes, pool in (("heldout", args.heldout_minutes, held_pool), ("train", args.train_minutes, train_pool)):
         if args.only in (None, split):
             planned = plan_jobs(split, out, args.seed, pool, engines)
-            build(split, minutes, out, planned, max(1, args.jobs), max(1, args.threads),
-                  mark_ready if split == "train" else (lambda s: None), deadline)
-    if args.only in (None, "train"):  # a train split smaller than --ready-minutes is ready when finished
+            done = build(split, minutes, out, planned, max(1, args.jobs), max(1, args.threads),
+                         mark_ready if split == "train" else (lambda s: None), deadline)
+            if sum(seconds for _, seconds in done) < minutes * 60 and time.monotonic() >= deadline:
+                short.append(split)
+    if args.only in (None, "train") and "train" not in short:  # a small train split is ready when finished
         mark_ready(sum(float(r["seconds"]) for r in read_rows(out / "train.csv")), final=True)
     print(summarise(out, time.perf_counter() - began))
-    stopped = " (stopped by --max-hours: the splits may be short of the minutes asked for)" \
-        if time.monotonic() >= deadline else ""
-    (out / "DONE").write_text(f"finished in {(time.perf_counter() - began) / 60:.1f} min{stopped}\n")
+    if short:
+        # no DONE: `make drafts` would take the set as finished; the same command resumes it
+        print(f"stopped by --max-hours before the minutes asked for ({', '.join(short)}): no DONE; "
+              "run the same command again to go on")
+        return
+    (out / "DONE").write_text(f"finished in {(time.perf_counter() - began) / 60:.1f} min\n")
 
 
 if __name__ == "__main__":
