@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import resource
 import subprocess
 import time
@@ -151,9 +152,10 @@ def main() -> None:
         run(f"faster-whisper {args.compute_type}, one by one", "faster-whisper", 1)
         for batch in sizes:
             if batch == 0:
-                run(f"medusa-whisper {args.compute_type}, default batch", "ours", 0)
                 name = f"medusa-whisper {args.compute_type}, default batch"
-                systems[f"{name} ({systems[name]['batch_size']})"] = systems.pop(name)
+                run(name, "ours", 0)
+                chosen = systems.pop(name)  # named with the size the worker measured and chose
+                systems[f"{name} ({chosen['batch_size']})"] = chosen
             else:
                 run(f"medusa-whisper {args.compute_type}, --batch-size {batch}", "ours", batch)
     else:
@@ -212,8 +214,10 @@ def main() -> None:
                             ("faster-whisper BatchedInferencePipeline", "BatchedInferencePipeline")):
             points = [t for t in table if kind in t["system"] and (not args.long or "batch_size" in t["system"]
                                                                     or "--vad-chunks" in t["system"])]
+            # the batch size is the name's last number ("--batch-size 8", "default batch (16)")
+            points = sorted(points, key=lambda t: int(re.findall(r"\d+", t["system"])[-1]))
             if points:
-                ax.plot([int(t["system"].rsplit(" ", 1)[1]) for t in points],
+                ax.plot([int(re.findall(r"\d+", t["system"])[-1]) for t in points],
                         [t["audio_per_second"] for t in points], marker="o", label=label)
         ax.axhline(table[0]["audio_per_second"], color="gray", linestyle="--", label=table[0]["system"])
         if args.long:
