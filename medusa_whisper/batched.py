@@ -117,16 +117,7 @@ class BatchDecoder:
         cache = self._empty_cache()
         streams: List[Optional[_Stream]] = [None] * self.batch_size
         while True:
-            for item in range(self.batch_size):
-                while streams[item] is None:
-                    request = source()
-                    if request is None:
-                        break
-                    stream = self._start(cache, item, *request)
-                    if stream.done:  # ended on its prompt pass (end-of-text first, or no room)
-                        sink(stream.key, stream.result())
-                    else:
-                        streams[item] = stream
+            refill(streams, source, lambda item, *request: self._start(cache, item, *request), sink)
             active = [i for i, s in enumerate(streams) if s is not None]
             if not active:
                 return
@@ -169,6 +160,26 @@ class BatchDecoder:
             stream.no_speech_prob = float(sot_logits.softmax(dim=-1)[0, task.tokenizer.no_speech])
         stream.take(next_token_logits(model, hidden[0, n - 1:]))
         return stream
+
+
+def refill(streams: List[Optional[_Stream]], source: Callable[[], Optional[tuple]],
+           start: Callable[..., Optional[_Stream]], sink: Callable[[object, MedusaDecodingResult], None]) -> None:
+    """Give every free item (None in ``streams``) the next window from ``source`` while there is one:
+    ``start(item, *request)`` opens it there (None: it was decoded some other way and handed to the
+    sink already); a window that ended on its prompt pass goes to the sink at once. Both batch
+    decoders (this one and fixed_batched's) refill so."""
+    for item in range(len(streams)):
+        while streams[item] is None:
+            request = source()
+            if request is None:
+                break
+            stream = start(item, *request)
+            if stream is None:
+                continue
+            if stream.done:  # ended on its prompt pass (end-of-text first, or no room)
+                sink(stream.key, stream.result())
+            else:
+                streams[item] = stream
 
 
 def open_stream(model: Whisper, key, mel: Tensor, options: MedusaDecodingOptions) -> Tuple[_Stream, Tensor]:

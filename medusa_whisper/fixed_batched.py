@@ -24,7 +24,7 @@ from torch import Tensor
 from whisper.model import Whisper
 
 from . import fixed_decoding
-from .batched import BatchDecoder, _Stream, open_stream, replace_mode
+from .batched import BatchDecoder, _Stream, open_stream, refill, replace_mode
 from .decoding import MedusaDecodingResult, decode
 from .logit_rules import DeviceRules, RuleSettings
 from .options import MedusaDecodingOptions
@@ -82,18 +82,8 @@ class FixedBatchDecoder:
     def run(self, source: Source, sink: Sink) -> None:
         streams: List[Optional[_Stream]] = [None] * self.batch_size
         while True:
-            for item in range(self.batch_size):
-                while streams[item] is None:
-                    request = source()
-                    if request is None:
-                        break
-                    stream = self._start(item, sink, *request)
-                    if stream is None:
-                        continue  # decoded alone and handed to the sink (see _start)
-                    if stream.done:
-                        sink(stream.key, stream.result())
-                    else:
-                        streams[item] = stream
+            # a window _start decodes alone comes back as None, already in the sink
+            refill(streams, source, lambda item, *request: self._start(item, sink, *request), sink)
             active = [i for i, s in enumerate(streams) if s is not None]
             if not active:
                 return
