@@ -167,14 +167,26 @@ class Int8Linear(nn.Module):
     def _many_rows(self, rows: Tensor) -> Tensor:
         """x @ W.T for rows that are only ever multiplied together (a prompt, the cross-attention
         keys and values: together.py), where the weight-only kernel, which costs about as much per
-        row as for one row, is the slowest choice. A bfloat16 copy of the weight where the CPU has
-        bfloat16 products; elsewhere oneDNN's int8 product with the rows quantised one by one (what
-        the encoder uses there). Measured, base, one core, 150 rows of 1536 x 512: weight-only 3.5 ms,
-        bfloat16 1.4 ms on an AVX-512 EPYC; capped to AVX2, weight-only 4.8 ms, int8 rows 1.4 ms,
-        float32 3.1 ms, emulated bfloat16 12.7 ms."""
-        if cpu_has_bfloat16():
+        row as for one row, is the slowest choice: ``many_rows_kernel``'s product, a bfloat16 copy
+        of the weight or oneDNN's int8 product with the rows quantised one by one (what the encoder
+        uses on CPUs without bfloat16). Measured, base, one core, 150 rows of 1536 x 512:
+        weight-only 3.5 ms, int8 rows 0.9, bfloat16 1.4 ms on an AVX-512 EPYC; capped to AVX2,
+        weight-only 4.8 ms, int8 rows 1.4 ms, float32 3.1 ms, emulated bfloat16 12.7 ms."""
+        if many_rows_kernel(self.out_features, self.in_features) == "bfloat16":
             return F.linear(rows.to(torch.bfloat16), self._bfloat16_weight()).float()
         return rowwise_int8_matmul(rows.float(), self._packed(), self.scale, self._zero_points())
+
+    def many_rows_in(self, x: Tensor, dtype: torch.dtype) -> Optional[Tensor]:
+        """x @ W.T + b in ``dtype`` for rows computed together (``_many_rows``'s product), where that is
+        a bfloat16 product and ``dtype`` bfloat16: its result as the product rounds it, with no float32
+        copy made and cast back (the cross-attention keys and values of 1,500 positions, 12 of them a
+        window for base). None where it is not: the caller calls the layer."""
+        if not (dtype == torch.bfloat16 and x.device.type == "cpu" and self.kernel == "weight_only"
+                and together() and many_rows_kernel(self.out_features, self.in_features) == "bfloat16"):
+            return None
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+        return F.linear(rows, self._bfloat16_weight(), bias).reshape(*x.shape[:-1], self.out_features)
 
     def _bfloat16_weight(self) -> Tensor:
         """The dequantised weight in bfloat16 (kept while the module lives, not saved): for products of
@@ -206,6 +218,33 @@ MANY_ROWS = 256
 
 # row counts at which the two kernels of rows computed together are compared (many_rows_from)
 TOGETHER_ROWS = (2, 4, 8, 16, 32, 64)
+# row counts at which the many-rows kernels are compared (many_rows_kernel): a prompt, an audio's positions
+MANY_ROWS_TIMED = (64, 1500)
+
+
+def many_rows_kernel(n_out: int, n_in: int) -> str:
+    """The product ``Int8Linear._many_rows`` runs for a weight of this shape on this CPU: "int8 rows"
+    (oneDNN's u8s8 product, each row quantised alone) or, where bfloat16 products are native,
+    "bfloat16" (a dequantised copy) if that is the faster over 64 and 1,500 rows, timed once per
+    machine with the routes. The two round differently, so the choice is one per machine and shape,
+    never one per call. Measured on an AVX-512 EPYC, one core, base's cross-attention keys and
+    values (twelve 1,500 x 512 -> 512 products a window): 54 ms a window in bfloat16, 42 with int8
+    rows."""
+    return _many_rows_kernel(n_out, n_in, torch.get_num_threads(), cpu_has_bfloat16())
+
+
+@functools.lru_cache(maxsize=None)
+def _many_rows_kernel(n_out: int, n_in: int, threads: int, bfloat16: bool) -> str:
+    if not bfloat16:  # emulated bfloat16 is the slowest of all (12.7 ms above); float32 copies lose to int8 rows
+        return "int8 rows"
+    layer = Int8Linear.from_linear(nn.Linear(n_in, n_out))
+    inputs = [torch.randn(n, n_in) for n in MANY_ROWS_TIMED]
+    products = {"bfloat16": lambda x: F.linear(x.to(torch.bfloat16), layer._bfloat16_weight()),
+                "int8 rows": lambda x: rowwise_int8_matmul(x, layer._packed(), layer.scale, layer._zero_points())}
+
+    def timer(product):
+        return lambda: sum(median_micros(lambda: product(x)) for x in inputs)
+    return routes_table().choose_kernel(f"int8 many rows {n_out}x{n_in}", {k: timer(f) for k, f in products.items()})
 
 
 def many_rows_from(n_out: int, n_in: int) -> int:
@@ -219,7 +258,7 @@ def many_rows_from(n_out: int, n_in: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _many_rows_from(n_out: int, n_in: int, threads: int, bfloat16: bool) -> int:
-    name = f"int8 rows together {n_out}x{n_in} {'bfloat16' if bfloat16 else 'int8 rows'}"
+    name = f"int8 rows together {n_out}x{n_in} {many_rows_kernel(n_out, n_in)}"  # chosen first: not inside costs()
 
     def measure() -> Dict[str, float]:
         layer = Int8Linear.from_linear(nn.Linear(n_in, n_out))

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 import whisper.model
 from whisper.model import MultiHeadAttention, ResidualAttentionBlock, TextDecoder
 
-from .invariant_attention import every_slot_mask, invariant_attention, invariant_dtype, row_invariant
+from .invariant_attention import attended_slots, every_slot_mask, invariant_attention, invariant_dtype, row_invariant
 from .kv_cache import CrossKV, StaticKVCache
 from .masks import chain_mask  # noqa: F401 (re-exported: the decoder's callers build their masks with it)
 from .projection import of as projection_of
@@ -83,13 +83,14 @@ def block_caches(blocks, n_ctx: int, audio_features: Tensor, rows_per_audio: int
 
 
 def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
-           q: Optional[Tensor] = None) -> Tensor:
+           q: Optional[Tensor] = None, slots: Optional[int] = None) -> Tensor:
     """Multi-head attention of queries from x over given keys and values.
 
     x    : shape = (batch, n_query, n_state), already layer-normed
     k, v : shape = (batch, n_key, n_state) or head-major (batch, n_head, n_key, d_head), already projected
     mask : shape = (n_query, n_key) bool, True where attention is allowed; or None
     q    : the queries, when already projected (``self_attention_qkv``)
+    slots: for invariant attention over the first slots of a self-attention cache, its capacity
 
     Modules marked ``rows_alone`` (converted compute types, see compute.py) attend one query row at
     a time over exactly the keys it may see, as a pass over that row alone would: batched attention
@@ -100,7 +101,7 @@ def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Opti
     """
     q = linear(attn.query, x) if q is None else q
     if row_invariant(attn):
-        return linear(attn.out, invariant_attention(q, k, v, attn.n_head, mask))
+        return linear(attn.out, invariant_attention(q, k, v, attn.n_head, mask, slots))
     if q.shape[1] > 1 and getattr(attn, "rows_alone", False) and not together():
         return attn.out(torch.cat([_attention(q[:, i:i + 1], *_visible(k, v, mask, i), attn.n_head, None)
                                    for i in range(q.shape[1])], dim=1))
@@ -164,9 +165,11 @@ def block_forward(
     h = block.attn_ln(x)
     q, k, v = self_attention_qkv(block.attn, h)
     k, v = cache.write(layer, start, k, v)
-    if row_invariant(block.attn):  # every slot, the unwritten ones masked: one shape for every pass
-        k, v = cache.keys[layer], cache.values[layer]
-    x = x + attend(block.attn, h, k, v, mask, q=q)
+    slots = None
+    if row_invariant(block.attn):  # the mask's slots (attended_slots), the unwritten ones masked
+        slots = cache.capacity
+        k, v = cache.keys[layer][..., :mask.shape[-1], :], cache.values[layer][..., :mask.shape[-1], :]
+    x = x + attend(block.attn, h, k, v, mask, q=q, slots=slots)
     x = x + cross_attention(block, x, cross_k, cross_v)
     return x + _mlp(block.mlp, block.mlp_ln(x))
 
@@ -188,8 +191,16 @@ def cross_attention(block: ResidualAttentionBlock, x: Tensor, cross_k: Tensor, c
 def self_attention_mask(attn: MultiHeadAttention, mask: Optional[Tensor], start: int, n: int,
                         cache: StaticKVCache) -> Optional[Tensor]:
     """The mask a pass of n rows from slot ``start`` gives ``block_forward``: ``chain_mask``'s (or a
-    tree's) as it is, widened to every cache slot for ``invariant_attention``. Made once per pass."""
-    return every_slot_mask(mask, start, n, cache.capacity) if row_invariant(attn) else mask
+    tree's) as it is, widened for ``invariant_attention`` to the slots it attends over
+    (``attended_slots``: the written ones rounded up, or every slot). Made once per pass."""
+    if not row_invariant(attn):
+        return mask
+    return every_slot_mask(mask, start, n, _attended_slots(cache, start + n))
+
+
+def _attended_slots(cache: StaticKVCache, end: int) -> int:
+    """``attended_slots`` for a head-major cache (invariant attention's) whose passes end at slot ``end``."""
+    return attended_slots(end, cache.capacity, cache.keys.dtype, cache.n_head, cache.keys.shape[-1])
 
 
 def self_attention_qkv(attn: MultiHeadAttention, h: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -253,16 +264,18 @@ def decoder_rows_step(decoder: TextDecoder, tokens: Tensor, positions: Tensor, c
     kv = cache.self_attn
     fixed = row_invariant(decoder.blocks[0].attn)
     mask = None
-    if fixed:  # every slot, the unwritten ones masked: (batch, 1, n_slots)
-        mask = (torch.arange(kv.capacity, device=tokens.device)[None, :] <= positions[:, None])[:, None, :]
     ends = positions.tolist()
+    if fixed:  # the slots up to the furthest stream's, rounded up (attended_slots), others masked: (batch, 1, slots)
+        slots = _attended_slots(kv, max(ends) + 1)
+        mask = (torch.arange(slots, device=tokens.device)[None, :] <= positions[:, None])[:, None, :]
     for i, block in enumerate(decoder.blocks):
         h = block.attn_ln(x)
         q, k, v = self_attention_qkv(block.attn, h)
         kv.write_rows(i, positions, k, v)
         cross_k, cross_v = cache.cross_attn.keys[i], cache.cross_attn.values[i]
         if fixed:
-            x = x + attend(block.attn, h, kv.keys[i], kv.values[i], mask, q=q)
+            x = x + attend(block.attn, h, kv.keys[i][..., :slots, :], kv.values[i][..., :slots, :], mask, q=q,
+                           slots=kv.capacity)
             x = x + attend(block.cross_attn, block.cross_attn_ln(x), cross_k, cross_v, None)
         else:
             own = [_attention(q[b:b + 1], kv.keys[i, b:b + 1, :end + 1], kv.values[i, b:b + 1, :end + 1],

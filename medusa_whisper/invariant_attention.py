@@ -13,8 +13,10 @@ This module's attention instead has one shape for every pass of a window, whatev
   every pass), float32 elsewhere (emulated bfloat16 products made an AVX2 EPYC's int8 pass 2.7x
   slower); queries are cast to it, the two products run as matrix products in it, softmax in
   float32;
-- self-attention runs over every slot of the static cache (448), the unwritten ones masked, so a
-  row's softmax and weighted sum have the same length whichever pass it is in;
+- self-attention runs over the cache's slots up to the pass's end rounded up to ``SLOT_STEP``, the
+  unwritten ones masked (``attended_slots``): where this CPU gives a row the same bits over any such
+  length as over every slot of the static cache (``slot_step`` measures it), else over all 448, so
+  a row's softmax and weighted sum come out the same whichever pass it is in;
 - a single row is multiplied as two (one row goes to a matrix-vector kernel that sums in another
   order), and a pass over more rows is split into products of at most ``product_rows`` rows: the
   most rows for which this CPU's kernels give every row the bits it gets alone (bfloat16 on an
@@ -40,6 +42,10 @@ from .together import together
 
 INVARIANT_DTYPE = torch.bfloat16  # where the CPU multiplies it natively (compute.invariant_dtype)
 MAX_ROWS = 32  # most rows per product; the probe checks every count from 2 to this
+# self-attention reads the written slots rounded up to a multiple of this, where measured invariant:
+# a step early in a window reads 16-64 slots, not all 448 (base int8, one core: about 0.6 ms of a
+# 12 ms pass, the bytes and the kernels' fixed costs over 448 cold slots)
+SLOT_STEP = 16
 
 
 def row_invariant(attn: nn.Module) -> bool:
@@ -52,12 +58,15 @@ def invariant_dtype(attn: nn.Module) -> torch.dtype:
     return getattr(attn, "invariant_dtype", INVARIANT_DTYPE)
 
 
-def invariant_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, allowed: Optional[Tensor]) -> Tensor:
+def invariant_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, allowed: Optional[Tensor],
+                        slots: Optional[int] = None) -> Tensor:
     """Attention of (batch, n_query, n_state) queries over keys and values, heads merged, float32 out.
 
     k, v    : head-major (batch, n_head, n_key, d_head), in the invariant dtype, as block_caches keeps them
     allowed : (n_query, n_key) bool, True where a query may attend, or (batch, n_query, n_key) for a
               mask per batch item (streams at different positions); None: every key
+    slots   : the cache's capacity when k, v are its first ``attended_slots`` slots (the rows per
+              product are the ones measured there); None: n_key
     """
     batch, n_query, n_state = q.shape
     d_head = n_state // n_head
@@ -66,7 +75,7 @@ def invariant_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, allowed: O
     elif together():  # a prompt pass: its rows are never computed in other company (together.py)
         chunk = n_query
     else:
-        chunk = product_rows(k.dtype, n_head, d_head, k.shape[2])
+        chunk = product_rows(k.dtype, n_head, d_head, slots or k.shape[2])
     # the scale 1/sqrt(d_head) (a power of two for whisper's 64) on the float32 query, as SDPA's default
     q = (q.view(batch, n_query, n_head, d_head).transpose(1, 2) * d_head ** -0.5).to(k.dtype)
     if allowed is not None and allowed.dim() == 2:
@@ -94,13 +103,55 @@ def _product(rows: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor]) -> T
 
 
 def every_slot_mask(mask: Optional[Tensor], start: int, n: int, capacity: int) -> Tensor:
-    """A (n, start+n) mask (None: one query seeing slots [0, start]) widened to all ``capacity`` slots."""
+    """A (n, start+n) mask (None: one query seeing slots [0, start]) widened to ``capacity`` slots
+    (all of the cache's, or ``attended_slots``)."""
     allowed = torch.zeros(n, capacity, dtype=torch.bool)
     if mask is None:
         allowed[:, :start + n] = True
     else:
         allowed[:, :mask.shape[1]] = mask
     return allowed
+
+
+def attended_slots(end: int, capacity: int, dtype: torch.dtype, n_head: int, d_head: int) -> int:
+    """How many of the cache's first slots a pass ending at slot ``end`` attends over: ``end``
+    rounded up to ``slot_step`` (every slot where shorter lengths were not measured invariant)."""
+    step = slot_step(dtype, n_head, d_head, capacity)
+    return min(capacity, -(-end // step) * step)
+
+
+def slot_step(dtype: torch.dtype, n_head: int, d_head: int, capacity: int) -> int:
+    """SLOT_STEP where, on this CPU, a query row over the first S slots of a cache (S any multiple of
+    SLOT_STEP that covers what it sees) gets the bits it gets over all ``capacity`` slots, alone and in
+    products of up to ``product_rows`` rows; else ``capacity``. Measured once per process (about
+    30 ms for base)."""
+    return _slot_step(dtype, n_head, d_head, capacity, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=None)
+def _slot_step(dtype: torch.dtype, n_head: int, d_head: int, capacity: int, threads: int) -> int:
+    rows = product_rows(dtype, n_head, d_head, capacity)
+    if rows < 2 or capacity <= SLOT_STEP:
+        return capacity
+    generator = torch.Generator().manual_seed(2)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    q = (randn(1, rows, n_head, d_head).transpose(1, 2) * d_head ** -0.5).to(dtype)
+    k, v = randn(1, n_head, capacity, d_head).to(dtype), randn(1, n_head, capacity, d_head).to(dtype)
+    for seen in sorted({1, SLOT_STEP - 1, SLOT_STEP, SLOT_STEP + 1, capacity // 3, capacity - rows}):
+        for n in sorted({1, 2, 3, rows}):
+            n = min(n, capacity - seen)
+            allowed = torch.zeros(1, n, capacity, dtype=torch.bool)  # row i sees slots [0, seen + i]
+            for row in range(n):
+                allowed[0, row, :seen + row + 1] = True
+            every = _product(q[:, :, :n], k, v, allowed)
+            for length in range(-(-(seen + n) // SLOT_STEP) * SLOT_STEP, capacity, SLOT_STEP):
+                if not torch.equal(_product(q[:, :, :n], k[:, :, :length], v[:, :, :length], allowed[..., :length]),
+                                   every):
+                    return capacity
+    return SLOT_STEP
 
 
 @functools.lru_cache(maxsize=None)

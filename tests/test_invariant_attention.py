@@ -7,8 +7,8 @@ import torch.nn.functional as F
 import medusa_whisper
 from medusa_whisper.compute import apply_compute_type, invariant_dtype
 from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project
-from medusa_whisper.invariant_attention import (INVARIANT_DTYPE, MAX_ROWS, every_slot_mask, invariant_attention,
-                                                product_rows, rows_are_invariant)
+from medusa_whisper.invariant_attention import (INVARIANT_DTYPE, MAX_ROWS, SLOT_STEP, attended_slots, every_slot_mask,
+                                                invariant_attention, product_rows, rows_are_invariant, slot_step)
 
 # the int8 decoder's dtype for it on this CPU (bfloat16 where native); float32 for the function alone
 HERE = invariant_dtype() or torch.float32
@@ -88,7 +88,8 @@ def test_a_verified_row_gets_the_logits_it_gets_alone():
     decoder = model.decoder
     torch.manual_seed(2)
     features = model.encoder(torch.randn(1, 80, 3000))
-    prompt = torch.tensor([[50257, 50362, 440, 2068, 7586]])
+    # a prompt of 12, then 7 rows: alone, the rows attend over 16 slots, then 32 (attended_slots)
+    prompt = torch.tensor([[50257, 50362, 440, 2068, 7586, 13, 383, 1110, 318, 257, 1332, 13]])
     new = torch.tensor([[21831, 18045, 625, 262, 16931, 3290, 13]])
     alone_cache = new_cache(decoder, features)
     tokens = torch.cat([prompt, new], dim=1)
@@ -114,8 +115,9 @@ def test_a_verified_row_gets_the_logits_it_gets_alone():
 
 
 def test_bfloat16_cross_keys_are_centred_so_scores_keep_their_precision():
-    """Keys with a large common part (as whisper's have) give large scores, which bfloat16 rounds
-    relative to their size; CrossKV centres keys it stores in bfloat16, which softmax does not see."""
+    """Keys with a large common part (as whisper's have, from a common part of the audio features)
+    give large scores, which bfloat16 rounds relative to their size; CrossKV makes keys it stores in
+    bfloat16 from centred features, which softmax does not see."""
     from types import SimpleNamespace
 
     from medusa_whisper.kv_cache import CrossKV
@@ -123,21 +125,47 @@ def test_bfloat16_cross_keys_are_centred_so_scores_keep_their_precision():
     torch.manual_seed(3)
     n_head, d_head, n_audio = 8, 64, 1500
     n_state = n_head * d_head
-    features = torch.randn(1, n_audio, n_state)
+    features = torch.randn(1, n_audio, n_state) + 20 * torch.randn(n_state)  # a common part of every position
     key = torch.nn.Linear(n_state, n_state, bias=False)
     value = torch.nn.Linear(n_state, n_state)
-    offset = 20 * torch.randn(n_state)  # a common part of every key
-    attn = SimpleNamespace(key=lambda x: key(x) + offset, value=value, n_head=n_head)
+    attn = SimpleNamespace(key=key, value=value, n_head=n_head)
     blocks = [SimpleNamespace(cross_attn=attn)]
     with torch.no_grad():
         exact = CrossKV(blocks, features)  # float32
         stored = CrossKV(blocks, features, INVARIANT_DTYPE)
-        q = torch.randn(1, 2, n_state)
-        reference = F.scaled_dot_product_attention(q.view(1, 2, n_head, d_head).transpose(1, 2), exact.keys[0],
-                                                   exact.values[0]).transpose(1, 2).reshape(1, 2, n_state)
-        ours = invariant_attention(q, stored.keys[0], stored.values[0], n_head, None)
-        raw = invariant_attention(q, exact.keys[0].to(INVARIANT_DTYPE), exact.values[0].to(INVARIANT_DTYPE),
-                                  n_head, None)
+        q = torch.randn(1, n_head, 2, d_head) * d_head ** -0.5
+
+        def weights(keys):  # each query's attention weights over the positions, in float32
+            return (q @ keys.float().transpose(-1, -2)).softmax(-1)
+        reference = weights(exact.keys[0])
+        ours, raw = weights(stored.keys[0]), weights(exact.keys[0].to(INVARIANT_DTYPE))
     assert torch.allclose(stored.keys[0].float().mean(dim=2), torch.zeros(1, n_head, d_head), atol=0.05)
-    error, raw_error = (ours - reference).abs().mean(), (raw - reference).abs().mean()
+    error, raw_error = (ours - reference).abs().sum(-1).mean(), (raw - reference).abs().sum(-1).mean()
     assert error < raw_error / 2, (error, raw_error)
+
+
+@holds_here
+def test_self_attention_over_the_written_slots_rounded_up_gets_the_bits_of_every_slot(monkeypatch):
+    """The int8 decoder's steps attend over the cache's first ``attended_slots`` slots, not all 448:
+    a pass gives the same logits as one over every slot, and the slots follow the pass's end."""
+    import medusa_whisper.decoder as decoder_module
+
+    capacity = 448
+    step = slot_step(HERE, 6, 64, capacity)
+    assert step in (SLOT_STEP, capacity)
+    if step == SLOT_STEP:
+        assert [attended_slots(end, capacity, HERE, 6, 64) for end in (1, 16, 17, 440, 448)] == [16, 16, 32, 448, 448]
+    model = apply_compute_type(medusa_whisper.load_model("tiny.en", device="cpu"), "int8")
+    decoder = model.decoder
+    torch.manual_seed(5)
+    features = model.encoder(torch.randn(1, 80, 3000))
+    tokens = torch.randint(0, 50000, (1, 40))
+
+    def logits():  # a prompt of 30, then one row at a time to 40
+        cache = new_cache(decoder, features)
+        decoder_hidden(decoder, tokens[:, :30], torch.arange(30), cache, 0, chain_mask(0, 30, "cpu"))
+        return torch.cat([project(decoder, decoder_hidden(decoder, tokens[:, i:i + 1], torch.tensor([i]), cache, i, None))
+                          for i in range(30, 40)], dim=1)
+    rounded = logits()
+    monkeypatch.setattr(decoder_module, "attended_slots", lambda end, capacity, *shape: capacity)
+    assert torch.equal(rounded, logits())

@@ -9,6 +9,13 @@ profiler), the bytes one pass must read (the decoder weights it multiplies, the 
 cross-attention keys and values of 1,500 audio positions, the self-attention cache), and the floor:
 those bytes over the read bandwidth measured here on a working set of the same size. Prints the CPU
 and its ISA features, a Markdown table, and writes JSON (``--out``).
+
+    python -m tools.bench pass --model base --compute-types int8 --rows 1 --threads 1 --parts
+
+``--parts`` instead times where one pass goes by taking each part out in turn (it returns zeros of
+its shape; the passes alternate, medians): cross-attention, self-attention, the linears, the
+vocabulary product; and the cost per operator that no byte explains: the same decoder structure
+(layers, heads, modules, compute type) 64 wide instead of the model's width.
 """
 
 from __future__ import annotations
@@ -96,6 +103,7 @@ def pass_runner(model, features: Tensor, rows: int):
 
     def run():
         return project(decoder, decoder_hidden(decoder, new, positions, cache, CONTEXT, mask))
+    run.inputs = (new, positions, cache, CONTEXT, mask)  # for time_parts, which calls the two itself
     return run, cache
 
 
@@ -131,6 +139,95 @@ def profile_pass(fn, ms_per_pass: float, passes: int = 5) -> Dict[str, float]:
     return {"aten_ops": ops, **{k: round(v / total * ms_per_pass, 2) for k, v in split.items()}}
 
 
+PARTS = ("cross-attention", "self-attention", "linears", "vocabulary")
+
+
+def time_parts(model, features: Tensor, rows: int, reps: int) -> Dict[str, float]:
+    """Milliseconds of one pass (median of ``reps``), whole and with each of PARTS returning zeros;
+    the runs alternate so that the machine's drift hits all alike."""
+    from unittest import mock
+
+    import medusa_whisper.decoder as decoder_module
+
+    run, cache = pass_runner(model, features, rows)
+    attention, fused = decoder_module.invariant_attention, decoder_module._attention
+    n_audio = features.shape[1]
+
+    def zeros_for(cross: bool):
+        def attend(q, k, v, n_head, allowed, slots=None):
+            return torch.zeros_like(q) if (k.shape[2] == n_audio) == cross else attention(q, k, v, n_head, allowed, slots)
+        return attend
+
+    projection = getattr(model.decoder, "token_projection", None)
+    linears = {type(m): m for m in model.decoder.modules() if hasattr(m, "out_features") and m is not projection}
+    patches = {
+        "whole": [],
+        "cross-attention": [mock.patch.object(decoder_module, "invariant_attention", zeros_for(True)),
+                            mock.patch.object(decoder_module, "_attention", lambda q, k, v, h, m: torch.zeros_like(q)
+                                              if k.shape[-2] == n_audio else fused(q, k, v, h, m))],
+        "self-attention": [mock.patch.object(decoder_module, "invariant_attention", zeros_for(False)),
+                           mock.patch.object(decoder_module, "_attention", lambda q, k, v, h, m: torch.zeros_like(q)
+                                             if k.shape[-2] != n_audio else fused(q, k, v, h, m))],
+        "linears": [mock.patch.object(type(m), "forward", lambda self, x: x.new_zeros(*x.shape[:-1], self.out_features))
+                    for m in linears.values()],
+        "vocabulary": [mock.patch.object(decoder_module, "project", lambda d, states: states)],
+    }
+
+    def timed(name: str) -> float:
+        for patch in patches[name]:
+            patch.start()
+        try:
+            cache.rollback(CONTEXT)
+            began = time.perf_counter()
+            decoder_module.project(model.decoder, decoder_module.decoder_hidden(
+                model.decoder, *run.inputs))
+            return (time.perf_counter() - began) * 1e3
+        finally:
+            for patch in patches[name]:
+                patch.stop()
+
+    times = {name: [] for name in patches}
+    for name in patches:
+        timed(name)
+    for _ in range(reps):
+        for name in patches:
+            times[name].append(timed(name))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def operator_floor(model_name: str, compute_type: str, reps: int) -> float:
+    """Milliseconds of a one-row pass of ``model_name``'s decoder structure made 64 wide (heads of 8),
+    random weights in the same compute type: what the pass costs per operator, with next to no
+    arithmetic."""
+    from whisper.model import ModelDimensions, Whisper
+
+    from medusa_whisper.compute import apply_compute_type
+
+    dims = medusa_whisper.load_model(model_name, device="cpu").dims
+    narrow = ModelDimensions(**{**vars(dims), "n_audio_state": 64, "n_audio_layer": 1, "n_text_state": 64})
+    model = apply_compute_type(Whisper(narrow).eval(), compute_type)
+    run, cache = pass_runner(model, torch.randn(1, narrow.n_audio_ctx, 64), 1)
+    times = []
+    for _ in range(reps + 1):
+        cache.rollback(CONTEXT)
+        began = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - began) * 1e3)
+    return statistics.median(times[1:])
+
+
+def print_parts(args, models, features) -> None:
+    print("| compute type | rows | whole pass ms | " + " | ".join(f"without {p}" for p in PARTS)
+          + " | per-operator floor ms (64 wide) |")
+    print("|---|---|---|" + "---|" * len(PARTS) + "---|")
+    for t, model in models.items():
+        floor = operator_floor(args.model, t, args.reps)
+        for rows in (int(r) for r in args.rows.split(",")):
+            ms = time_parts(model, features[t], rows, args.reps)
+            cells = " | ".join(f"{ms[p]:.2f} ({ms['whole'] - ms[p]:+.2f})" for p in PARTS)
+            print(f"| {t} | {rows} | {ms['whole']:.2f} | {cells} | {floor:.2f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="base")
@@ -139,6 +236,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--parts", action="store_true",
+                        help="where a pass goes: each part taken out in turn, and the per-operator floor")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     types, row_counts = args.compute_types.split(","), [int(r) for r in args.rows.split(",")]
@@ -152,6 +251,9 @@ def main() -> None:
     results = []
     with torch.inference_mode():
         features = {t: m.embed_audio(mel) for t, m in models.items()}
+        if args.parts:
+            print_parts(args, models, features)
+            return
         for rows in row_counts:
             runners = {t: pass_runner(m, features[t], rows) for t, m in models.items()}
             times = {t: [] for t in types}
