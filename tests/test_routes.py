@@ -72,8 +72,9 @@ def test_an_unreadable_cache_file_is_measured_again(tmp_path):
 
 
 def test_a_second_process_reuses_the_measured_choices(tmp_path):
+    # as on an idle machine (a busy one makes the next process time its choices again: tested below)
     script = ("import torch; from medusa_whisper import routes; torch.set_num_threads(2); "
-              "w = torch.randn(96, 64); r = routes.route_for('linear', w, 1); "
+              "routes._preemptions = lambda: 0; w = torch.randn(96, 64); r = routes.route_for('linear', w, 1); "
               "print(routes.table().measured, r)")
     env = {**os.environ, "MEDUSA_WHISPER_CACHE": str(tmp_path)}
     env.pop(routes.ROUTES_ENV, None)
@@ -155,6 +156,56 @@ def test_a_choice_that_stays_disturbed_is_timed_again_by_later_processes_up_to_a
         raise AssertionError("measured again")
     RouteTable(busy, timer=refuse).choose(shape, 4)
     RouteTable(path, timer=refuse).choose(shape, 4)
+
+
+def busy_machine(monkeypatch, busy: bool) -> None:
+    """Make every timing look preempted 100 times (another job on this process's cores), or never."""
+    counter = iter(range(0, 10 ** 9, 100 if busy else 0) if busy else iter(lambda: 0, 1))
+    monkeypatch.setattr(routes, "_preemptions", lambda: next(counter))
+
+
+def test_a_kernel_choice_timed_while_the_machine_was_busy_is_timed_again_by_the_next_process(tmp_path, monkeypatch):
+    path = tmp_path / "routes.json"
+    name = "int8 projection 51865x512"
+    timings = []
+
+    def candidates(fast: str):
+        def timer(kernel):
+            def run():
+                timings.append(kernel)
+                return 1.0 if kernel == fast else 2.0
+            return run
+        return {k: timer(k) for k in ("rowwise", "weight_only")}
+
+    busy_machine(monkeypatch, True)  # busy: the slower kernel looked faster
+    assert RouteTable(path).choose_kernel(name, candidates("weight_only")) == "weight_only"
+    entry = json.loads(path.read_text())["choices"][name]
+    assert entry["suspect"] and entry["attempts"] == 1
+    busy_machine(monkeypatch, False)
+    table = RouteTable(path)  # the next process, idle: timed again once, and kept
+    assert table.choose_kernel(name, candidates("rowwise")) == "rowwise"
+    assert table.choose_kernel(name, candidates("weight_only")) == "rowwise"  # once per process
+    entry = json.loads(path.read_text())["choices"][name]
+    assert "suspect" not in entry and entry["attempts"] == 2 and timings.count("rowwise") == 2
+    assert RouteTable(path).choose_kernel(name, candidates("weight_only")) == "rowwise"  # clean: not again
+    assert len(timings) == 4
+
+    # costs() alike: a busy measurement is marked and measured again by the next process
+    busy_machine(monkeypatch, True)
+    assert RouteTable(path).costs("batch sizes", lambda: {"1": 9.0, "8": 3.0}) == {"1": 9.0, "8": 3.0}
+    busy_machine(monkeypatch, False)
+    assert RouteTable(path).costs("batch sizes", lambda: {"1": 9.0, "8": 1.0}) == {"1": 9.0, "8": 1.0}
+    assert RouteTable(path).costs("batch sizes", lambda: {"1": 0.0, "8": 0.0}) == {"1": 9.0, "8": 1.0}
+
+
+def test_row_routes_timed_while_the_machine_was_busy_are_timed_again_at_once(tmp_path, monkeypatch):
+    calls = []
+    busy_machine(monkeypatch, True)
+    table = RouteTable(tmp_path / "routes.json", timer=fake_timer(calls))
+    table.choose(("linear", 512, 512, "float32"), 1)
+    assert len(calls) == 2 * 2 * ROUNDS * len(ROW_COUNTS)  # plausible times, but busy: measured twice
+    entry = json.loads((tmp_path / "routes.json").read_text())["choices"]["linear 512x512 float32 rows=1"]
+    assert entry["suspect"] and entry["attempts"] == 2
 
 
 def test_choices_timed_with_the_kernels_capped_are_kept_apart(monkeypatch):
