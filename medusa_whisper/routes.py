@@ -192,7 +192,7 @@ class RouteTable:
         the operation called ``name``, timed once per machine like the routes. For choices that must
         hold for every row count (an int8 kernel decides a row's bits, and lossless decoding needs a
         row to get the same bits in any pass). Timed again by a later process when the machine
-        looked busy (BUSY_SHARE)."""
+        looked busy (``Preemptions``)."""
         entry = self.choices.get(name)
         if entry is None or entry.get("route") not in candidates or self._timed_again(name, entry):
             entry = self._timed(name, lambda: {kernel: timer() for kernel, timer in candidates.items()})
@@ -202,7 +202,7 @@ class RouteTable:
         """Measured costs of the alternatives called ``name`` (alternative -> microseconds), by
         ``measure()`` once per machine and kept with the routes; for choices whose rule is the
         caller's (e.g. the batch size, ``batched.default_batch_size``). Timed again by a later
-        process when the machine looked busy (BUSY_SHARE)."""
+        process when the machine looked busy (``Preemptions``)."""
         entry = self.choices.get(name)
         if entry is None or not entry.get("us") or self._timed_again(name, entry):
             entry = self._timed(name, measure)
