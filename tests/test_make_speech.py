@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from medusa_whisper.training import blocks, windows
 from tools.data import corpus as make_corpus
 from tools.data import speech as make_speech
 from tools.data import speech_text
@@ -238,6 +239,26 @@ def test_a_small_corpus_layout_splits_resume_and_exclusion(tmp_path):
     assert subprocess.run(argv, capture_output=True, cwd=ROOT).returncode == 0
     assert {s: (out / f"{s}.csv").read_text() for s in make_speech.SPLITS} == before
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*.flac")} == stamps
+
+
+def test_a_build_in_hours_goes_on_until_train_hours_finds_its_whole_blocks(tmp_path, monkeypatch):
+    """A block ends on the utterance that completes its hour, so 2 h of rows hold one whole block and
+    most of another: `make speech HOURS=2` then `train --hours 2` (make drafts) failed. The build goes
+    on until the rows make the blocks the same number of hours asks for, counted as training cuts them."""
+    jobs = [make_speech.Job(str(tmp_path / f"{i}.flac"), "three words here", "fortunes", "espeak-ng", "en", 1.0, "",
+                            0, make_speech.draw_augment(random.Random(i))) for i in range(20)]
+    monkeypatch.setattr(make_speech, "synthesise", lambda job, threads=1: (job, 2500.0, ""))
+    monkeypatch.setattr(make_speech, "write_csv", lambda *args: None)
+    by_minutes, finished = make_speech.build("train", 120, tmp_path, iter(jobs), 1, 1)
+    assert finished and len(by_minutes) == 3  # 7,500 s: the minutes, but one whole block
+    by_blocks, finished = make_speech.build("train", 120, tmp_path, iter(jobs), 1, 1, whole_blocks=2)
+    assert finished and len(by_blocks) == 4
+    for rows, whole in ((by_minutes, 1), (by_blocks, 2)):
+        cut, _ = blocks.cut([windows.Utterance(path=job.path, seconds=s) for job, s in rows])
+        assert len(cut) == whole
+        blocks.select(cut, whole)
+    with pytest.raises(windows.DataError):
+        blocks.select(blocks.cut([windows.Utterance(path=j.path, seconds=s) for j, s in by_minutes])[0], 2)
 
 
 def test_missing_transcripts_is_one_line_and_exit_1(tmp_path):

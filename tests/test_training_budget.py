@@ -27,6 +27,15 @@ def test_blocks_cut_the_rows_in_order_and_leave_the_incomplete_end_out():
     assert [b.seconds for b in cut] == [9, 9, 9] and leftover == 1
 
 
+def test_the_block_counter_closes_blocks_where_cut_does():
+    seconds = [float(s) for s in torch.randint(1, 9, (200,), generator=torch.Generator().manual_seed(0))]
+    counter = blocks.BlockCounter(block_hours=20 / 3600)
+    closes = [i for i, s in enumerate(seconds) if counter.add(s)]
+    cut, leftover = blocks.cut(_utterances(seconds), block_hours=20 / 3600)
+    assert closes == [int(b.utterances[-1].path[1:-5]) for b in cut] and counter.whole == len(cut) > 30
+    assert counter.open_seconds == leftover
+
+
 def test_a_block_packs_the_same_windows_whatever_rows_follow_it():
     utterances = _utterances([4, 5, 3, 6, 2, 7, 1, 3, 3, 3])
     short, _ = blocks.cut(utterances[:4], block_hours=8 / 3600)

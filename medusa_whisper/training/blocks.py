@@ -42,20 +42,40 @@ class Block:
         return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
+class BlockCounter:
+    """Counts whole blocks as utterances arrive in order: a block closes at the utterance that brings
+    it to ``block_hours`` of audio. ``cut`` and the speech build (which stops once the blocks that
+    ``train --hours`` asks for are whole) count with this one rule."""
+
+    def __init__(self, block_hours: float = BLOCK_HOURS):
+        self.limit = block_hours * 3600
+        self.whole = 0  # blocks closed
+        self.open_seconds = 0.0  # audio in the block not closed yet
+
+    def add(self, seconds: float) -> bool:
+        """Count one utterance; True when it closed a block."""
+        self.open_seconds += seconds
+        if self.open_seconds >= self.limit:
+            self.whole += 1
+            self.open_seconds = 0.0
+            return True
+        return False
+
+
 def cut(utterances: Sequence[Utterance], block_hours: float = BLOCK_HOURS) -> Tuple[List[Block], float]:
     """Consecutive blocks of at least ``block_hours`` of audio, in the rows' order, and the seconds of
     the incomplete block left over at the end (not used: it would change as the CSV grows)."""
-    limit = block_hours * 3600
+    counter = BlockCounter(block_hours)
     blocks: List[Block] = []
     current: List[Utterance] = []
-    seconds = 0.0
     for u in utterances:
         current.append(u)
-        seconds += duration(u)
-        if seconds >= limit:
-            blocks.append(Block(len(blocks), tuple(current), seconds))
-            current, seconds = [], 0.0
-    return blocks, seconds
+        seconds = duration(u)
+        closing = counter.open_seconds + seconds
+        if counter.add(seconds):
+            blocks.append(Block(len(blocks), tuple(current), closing))
+            current = []
+    return blocks, counter.open_seconds
 
 
 def select(blocks: Sequence[Block], hours: float, block_hours: float = BLOCK_HOURS,

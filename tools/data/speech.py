@@ -59,6 +59,7 @@ import collections
 import csv
 import functools
 import hashlib
+import math
 import os
 import random
 import shutil
@@ -77,6 +78,7 @@ import soundfile as sf
 import soxr
 from tqdm import tqdm
 
+from medusa_whisper.training import blocks
 from tools import ROOT
 from tools.data import corpus, speech_text
 
@@ -377,14 +379,25 @@ CSV_EVERY_SECONDS = 120.0
 
 def build(split: str, minutes: float, out: Path, planned: Iterator[Job], workers: int, threads: int,
           on_progress: Callable[[float], None] = lambda seconds: None,
-          deadline: float = float("inf")) -> List[Tuple[Job, float]]:
+          deadline: float = float("inf"), whole_blocks: int = 0) -> Tuple[List[Tuple[Job, float]], bool]:
     """Synthesise the shortest prefix of `planned` that holds `minutes` of audio, one line per failure;
-    stop early, with the CSV holding what is finished, once time.monotonic() passes `deadline`."""
+    stop early, with the CSV holding what is finished, once time.monotonic() passes `deadline`.
+    Returns the rows and whether they hold what was asked for.
+
+    whole_blocks : also go on until the rows make this many whole blocks of `train --hours`
+                   (blocks.BlockCounter: each block ends on the utterance that completes its hour,
+                   so N hours of rows hold only N - 1 whole blocks and an almost full one)
+    """
     target, total, done, since_csv = minutes * 60, 0.0, [], 0.0
+    counter = blocks.BlockCounter()
+
+    def enough() -> bool:
+        return total >= target and counter.whole >= whole_blocks
+
     bar = tqdm(total=round(target / 60, 1), desc=f"{split} (minutes)", unit="min", dynamic_ncols=True)
     pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
     try:
-        while total < target and time.monotonic() < deadline:
+        while not enough() and time.monotonic() < deadline:
             # a batch of about what is still missing, at 2.5 words per second
             batch, words = [], 0
             for job in planned:
@@ -403,10 +416,11 @@ def build(split: str, minutes: float, out: Path, planned: Iterator[Job], workers
                 if seconds is None:
                     tqdm.write(f"skipped {Path(job.path).name} ({job.engine}/{job.voice}): {error}")
                     continue
-                if total >= target:
+                if enough():
                     continue  # past the prefix; the file stays for a bigger run to reuse
                 done.append((job, seconds))
                 total += seconds
+                counter.add(round(seconds, 2))  # as the CSV writes it, which train --hours reads
                 since_csv += seconds
                 bar.update(round(min(total, target) / 60, 1) - bar.n)
                 if since_csv >= CSV_EVERY_SECONDS:
@@ -415,13 +429,13 @@ def build(split: str, minutes: float, out: Path, planned: Iterator[Job], workers
                     on_progress(total)
             write_csv(out / f"{split}.csv", done, out)
             on_progress(total)
-        if total < target and time.monotonic() >= deadline:
+        if not enough() and time.monotonic() >= deadline:
             tqdm.write(f"note: {split}: stopped at the time limit with {total / 60:.1f} of {minutes:g} minutes")
     finally:
         if pool:
             pool.shutdown(cancel_futures=True)
         bar.close()
-    return done
+    return done, enough()
 
 
 # -- checks and summary -----------------------------------------------------------------------------
@@ -511,7 +525,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("data/speech"))
     parser.add_argument("--train-minutes", type=float, default=240)
     parser.add_argument("--train-hours", type=float, default=None,
-                        help="the same as --train-minutes, in hours (make speech HOURS=10)")
+                        help="hours of training speech (make speech HOURS=10): at least this many minutes, "
+                             "and as many whole blocks as `train --hours` of the same number uses")
     parser.add_argument("--heldout-minutes", type=float, default=15)
     parser.add_argument("--ready-minutes", type=float, default=120,
                         help="write OUT/READY once train.csv holds this many minutes")
@@ -565,9 +580,11 @@ def main() -> None:
     for split, minutes, pool in (("heldout", args.heldout_minutes, held_pool), ("train", args.train_minutes, train_pool)):
         if args.only in (None, split):
             planned = plan_jobs(split, out, args.seed, pool, engines)
-            done = build(split, minutes, out, planned, max(1, args.jobs), max(1, args.threads),
-                         mark_ready if split == "train" else (lambda s: None), deadline)
-            if sum(seconds for _, seconds in done) < minutes * 60 and time.monotonic() >= deadline:
+            wanted_blocks = math.ceil(args.train_hours / blocks.BLOCK_HOURS - 1e-9) if (
+                split == "train" and args.train_hours is not None) else 0
+            _, finished = build(split, minutes, out, planned, max(1, args.jobs), max(1, args.threads),
+                                mark_ready if split == "train" else (lambda s: None), deadline, wanted_blocks)
+            if not finished and time.monotonic() >= deadline:  # (not when the text ran out: that is the set)
                 short.append(split)
     if args.only in (None, "train") and "train" not in short:  # a small train split is ready when finished
         mark_ready(sum(float(r["seconds"]) for r in read_rows(out / "train.csv")), final=True)
