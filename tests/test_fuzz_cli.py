@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-import medusa_whisper
 from medusa_whisper import weights
 
 from fuzz_inputs import build

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from medusa_whisper import decoder, projection, routes
-from medusa_whisper.routes import ROUNDS, ROW_COUNTS, ROUTES, WEIGHT_FIRST, WHISPER_ROUTE, RouteTable
+from medusa_whisper.routes import ROUNDS, ROW_COUNTS, WEIGHT_FIRST, WHISPER_ROUTE, RouteTable
 
 
 def fake_timer(calls):

@@ -3,7 +3,6 @@ the minutes budget and the speech-seen column of the loop (training/loop.py), th
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
 import torch
