@@ -14,6 +14,7 @@ COMMANDS = {
     "drafters": Command("tools.bench.drafters", "every proposer on the same real recordings"),
     "heads": Command("tools.bench.heads", "held-out figures of trained Medusa heads"),
     "ctc": Command("tools.bench.ctc", "a CTC draft head on recordings"),
+    "typical": Command("tools.bench.typical", "lossless against typical acceptance: tokens per pass, time, WER"),
     "eagle": Command("tools.bench.eagle_first_token", "where an EAGLE head's first drafted token goes wrong"),
     "ray": Command("tools.bench.ray_workers", "transcribe --ray against one process"),
     "rows": Command("tools.bench.matmul_rows", "x @ W.T or W @ x.T for a decoder step's few rows on this CPU"),
