@@ -19,7 +19,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import features
 from .features import LabelOptions, Shard
@@ -52,14 +52,13 @@ class BlockCounter:
         self.whole = 0  # blocks closed
         self.open_seconds = 0.0  # audio in the block not closed yet
 
-    def add(self, seconds: float) -> bool:
-        """Count one utterance; True when it closed a block."""
+    def add(self, seconds: float) -> Optional[float]:
+        """Count one utterance; the seconds of the block it closed, or None."""
         self.open_seconds += seconds
-        if self.open_seconds >= self.limit:
-            self.whole += 1
-            self.open_seconds = 0.0
-            return True
-        return False
+        if self.open_seconds < self.limit:
+            return None
+        closed, self.whole, self.open_seconds = self.open_seconds, self.whole + 1, 0.0
+        return closed
 
 
 def cut(utterances: Sequence[Utterance], block_hours: float = BLOCK_HOURS) -> Tuple[List[Block], float]:
@@ -70,18 +69,22 @@ def cut(utterances: Sequence[Utterance], block_hours: float = BLOCK_HOURS) -> Tu
     current: List[Utterance] = []
     for u in utterances:
         current.append(u)
-        seconds = duration(u)
-        closing = counter.open_seconds + seconds
-        if counter.add(seconds):
-            blocks.append(Block(len(blocks), tuple(current), closing))
+        closed = counter.add(duration(u))
+        if closed is not None:
+            blocks.append(Block(len(blocks), tuple(current), closed))
             current = []
     return blocks, counter.open_seconds
+
+
+def blocks_for(hours: float, block_hours: float = BLOCK_HOURS) -> int:
+    """How many whole blocks ``train --hours`` trains on: ``hours`` rounded up to whole blocks."""
+    return max(1, math.ceil(hours / block_hours - 1e-9))
 
 
 def select(blocks: Sequence[Block], hours: float, block_hours: float = BLOCK_HOURS,
            leftover_seconds: float = 0.0) -> List[Block]:
     """The first blocks that hold ``hours`` (whole blocks, rounded up); a DataError when there are too few."""
-    wanted = max(1, math.ceil(hours / block_hours - 1e-9))
+    wanted = blocks_for(hours, block_hours)
     if wanted > len(blocks):
         have = sum(b.seconds for b in blocks) / 3600
         raise DataError(f"--hours {hours:g}: the training data holds {len(blocks)} whole block(s) of "

@@ -59,7 +59,6 @@ import collections
 import csv
 import functools
 import hashlib
-import math
 import os
 import random
 import shutil
@@ -580,7 +579,7 @@ def main() -> None:
     for split, minutes, pool in (("heldout", args.heldout_minutes, held_pool), ("train", args.train_minutes, train_pool)):
         if args.only in (None, split):
             planned = plan_jobs(split, out, args.seed, pool, engines)
-            wanted_blocks = math.ceil(args.train_hours / blocks.BLOCK_HOURS - 1e-9) if (
+            wanted_blocks = blocks.blocks_for(args.train_hours) if (
                 split == "train" and args.train_hours is not None) else 0
             _, finished = build(split, minutes, out, planned, max(1, args.jobs), max(1, args.threads),
                                 mark_ready if split == "train" else (lambda s: None), deadline, wanted_blocks)
