@@ -35,6 +35,7 @@ from torch import Tensor
 from whisper.decoding import BeamSearchDecoder, DecodingOptions, DecodingResult, DecodingTask, Inference
 from whisper.model import Whisper
 
+from . import fixed_candidates
 from .compute import compute_type_of
 from .decoder import DecoderCache, decoder_hidden, new_cache, next_token_logits
 from .masks import chain_mask
@@ -115,11 +116,14 @@ class StepInference(Inference):
 
 
 class StepDecodingTask(DecodingTask):
-    """whisper's ``DecodingTask`` whose decoder passes are ``StepInference``'s."""
+    """whisper's ``DecodingTask`` whose decoder passes are ``StepInference``'s, or on the fixed-shape
+    step ``fixed_candidates.FixedInference``'s."""
 
     def __init__(self, model: Whisper, options: DecodingOptions):
         super().__init__(model, options)
-        self.inference = StepInference(model, self.n_group)
+        # the fixed-shape step where greedy decoding takes it (CUDA: one graph per rows count)
+        on_fixed_step = fixed_candidates.wanted(model, model.device)
+        self.inference = (fixed_candidates.FixedInference if on_fixed_step else StepInference)(model, self.n_group)
         if isinstance(self.decoder, BeamSearchDecoder):
             self.decoder.inference = self.inference
 

@@ -147,16 +147,19 @@ class FixedStep:
         self.slots = torch.arange(self.n_ctx, device=device)
 
     @torch.no_grad()
-    def set_audio(self, features: Tensor, item: Optional[int] = None) -> None:
-        """Fill the cross-attention buffers from windows' encoder output, shape = (batch,
-        n_audio_ctx, n_audio_state), or (1, ...) for batch item ``item`` alone. In place: a captured
-        graph keeps reading the same buffers."""
+    def set_audio(self, features: Tensor, item: Optional[int] = None, repeat: int = 1) -> None:
+        """Fill the cross-attention buffers from windows' encoder output, shape = (batch / repeat,
+        n_audio_ctx, n_audio_state), or (1, ...) for batch item ``item`` alone. ``repeat``
+        consecutive items share each window (best_of candidates, beams): its keys and values are
+        computed once and copied to them. In place: a captured graph keeps reading the same buffers."""
         features = features.to(self.residual)
         rows, n, _ = features.shape
         at = slice(None) if item is None else slice(item, item + 1)
         for i, layer in enumerate(self.layers):
             k = linear(features, layer.cross_key).view(rows, n, self.n_head, -1).transpose(1, 2)
             v = linear(features, layer.cross_value).view(rows, n, self.n_head, -1).transpose(1, 2)
+            if repeat > 1:
+                k, v = k.repeat_interleave(repeat, dim=0), v.repeat_interleave(repeat, dim=0)
             self.cross_keys[i, at].copy_(k)
             self.cross_values[i, at].copy_(v)
 

@@ -110,17 +110,20 @@ def test_rows_of_one_audio_read_its_keys_once_and_match_rows_alone(model, mel):
 
 def test_fallback_encodes_each_window_once(model):
     """Every window falls back (a log-probability threshold nothing passes), and the encoder still
-    runs once per window, not once per temperature as in whisper."""
+    runs once per window, not once per temperature as in whisper. (Seeded: a sample at 1.0 that
+    ends before the audio's end asks for a second window, and the draws depend on what ran before.)"""
     calls = []
     hook = model.encoder.register_forward_hook(lambda *args: calls.append(1))
+    torch.manual_seed(0)
     try:
         result = medusa_whisper.transcribe(model, str(JFK), temperature=(0.0, 0.5, 1.0), logprob_threshold=0.0,
                                            fp16=False, verbose=None)
     finally:
         hook.remove()
     assert result["segments"] and all(s["temperature"] == 1.0 for s in result["segments"])
-    assert result["medusa"]["fallback_windows"] == 1
-    assert len(calls) == 1
+    windows = result["medusa"]["windows"]
+    assert result["medusa"]["fallback_windows"] == windows >= 1
+    assert len(calls) == windows
 
 
 def test_an_int8_beam_runs_its_prompt_once_and_decodes_as_with_every_copy(mel, monkeypatch):

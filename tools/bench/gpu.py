@@ -67,6 +67,7 @@ class Row:
     texts: Dict[str, str] = field(default_factory=dict)
     token_ids: Dict[str, List[int]] = field(default_factory=dict)
     short_only: bool = False  # measured on the clips of at most 30 s only
+    compare_with: str = ""  # the row whose texts it should give ("": eager --mode off's)
 
 
 def read_clips(csv_path: Path, limit: Optional[int]) -> List[Clip]:
@@ -144,13 +145,17 @@ def timed_rows(name: str, note: str, device: str, clips: List[Clip], make: Calla
 # -- the systems -----------------------------------------------------------------------------------------
 
 
-def whisper_row(model_name: str, device: str, clips: List[Clip], label: str = "openai-whisper transcribe") -> Row:
+def whisper_row(model_name: str, device: str, clips: List[Clip], label: str = "openai-whisper transcribe",
+                **options) -> Row:
     import whisper
 
     def make():
         model = medusa_whisper.load_model(model_name, device=device)  # float32 weights, as whisper.load_model
-        return lambda c: whisper.transcribe(model, c.audio, language="en", fp16=device == "cuda", verbose=None)
-    return timed_rows(label, "whisper's own decoding, fp16 products on float32 weights", device, clips, make)
+        return lambda c: whisper.transcribe(model, c.audio, language="en", fp16=device == "cuda", verbose=None,
+                                            **options)
+    described = "".join(f", {k}={v}" for k, v in options.items())
+    return timed_rows(label, f"whisper's own decoding, fp16 products on float32 weights{described}", device, clips,
+                      make)
 
 
 def ours_row(label: str, name: str, device: str, clips: List[Clip], step_choice: str, batch_size: int = 0,
@@ -173,6 +178,18 @@ def ours_row(label: str, name: str, device: str, clips: List[Clip], step_choice:
     described = ", ".join(f"{k}={v}" for k, v in options.items())
     note = f"{compute_type}, {step_choice} step" + (f", {described}" if described else "")
     return timed_rows(label, note, device, clips, make, batch if batch_size else None)
+
+
+def beam_rows(name: str, device: str, clips: List[Clip], fixed: str) -> List[Row]:
+    """Beam search of 5: whisper's, ours on the eager step (same text as whisper's?) and on the fixed
+    step (same text as the eager step's?)."""
+    theirs = whisper_row(name, device, clips, "openai-whisper transcribe, beam 5", beam_size=5)
+    theirs.compare_with = theirs.name  # itself: no comparison
+    eager = ours_row("ours, beam 5, eager step", name, device, clips, "eager", beam_size=5)
+    eager.compare_with = theirs.name
+    fixed_row = ours_row("ours, beam 5, fixed step", name, device, clips, fixed, beam_size=5)
+    fixed_row.compare_with = eager.name
+    return [theirs, eager, fixed_row]
 
 
 def transformers_rows(model_name: str, device: str, clips: List[Clip], compile_static: bool) -> List[Row]:
@@ -405,7 +422,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--limit", type=int, default=None, help="only the N shortest clips (a rehearsal)")
     parser.add_argument("--skip", default="", help="comma-separated row groups to leave out: inductor "
-                        "(our pass compiled), proposers, batch, transformers, compile (transformers' static "
+                        "(our pass compiled), proposers, batch, beam, transformers, compile (transformers' static "
                         "cache compiled), long, profile")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -444,6 +461,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             ours_row(label, name + suffix, device, clips, fixed, **options)]))
     jobs.append(("batch", lambda: [ours_row("ours --mode off, --batch-size 32", name, device, clips, fixed,
                                             batch_size=32, mode="off")]))
+    # beam search (and the fallback's best_of candidates): whisper's DecodingTask on our passes,
+    # eager against one CUDA graph per rows count (fixed_candidates.py)
+    jobs.append(("beam", lambda: beam_rows(name, device, clips, fixed)))
     jobs.append(("inductor", lambda: [ours_row("ours --mode off, fixed step compiled", name, device, clips,
                                                "compiled", mode="off")]))
     jobs.append(("transformers", lambda: transformers_rows(name, device, clips, compile_static="compile" not in skip)))
@@ -488,6 +508,7 @@ def summarise(rows: List[Row], long_rows: List[Row], clips: List[Clip], info: di
     def seconds_on(row: Row, subset: List[Clip]) -> Optional[float]:
         return row.seconds if not row.short_only or subset is short else None
 
+    by_name = {row.name: row for row in rows}
     table = []
     for row in rows:
         entry = {k: v for k, v in asdict(row).items() if k not in ("texts", "token_ids")}
@@ -495,12 +516,15 @@ def summarise(rows: List[Row], long_rows: List[Row], clips: List[Clip], info: di
         if row.seconds and baseline.seconds and not row.short_only:
             entry["vs_whisper"] = baseline.seconds / row.seconds
         entry["tokens_per_pass"] = row.tokens / row.passes if row.passes else None
-        if row.texts and reference.texts:
-            same = [c.name for c in clips if c.name in row.texts and row.texts[c.name] == reference.texts.get(c.name)]
-            entry["same_text_as_eager_off"] = f"{len(same)}/{len([c for c in clips if c.name in row.texts])}"
-            entry["differences"] = {c.name: first_difference(row.token_ids.get(c.name, []),
-                                                             reference.token_ids.get(c.name, []))
-                                    for c in clips if c.name in row.texts and c.name not in same}
+        other = by_name.get(row.compare_with, reference) if row.compare_with != row.name else None
+        if row.texts and other is not None and other.texts:
+            same = [c.name for c in clips if c.name in row.texts and row.texts[c.name] == other.texts.get(c.name)]
+            entry["same_text"] = f"{len(same)}/{len([c for c in clips if c.name in row.texts])}" + (
+                f" (as {other.name})" if other is not reference else "")
+            if other is reference:  # the first differing tokens, and add_margins' margins there
+                entry["differences"] = {c.name: first_difference(row.token_ids.get(c.name, []),
+                                                                 reference.token_ids.get(c.name, []))
+                                        for c in clips if c.name in row.texts and c.name not in same}
         table.append(entry)
     long_table = [{k: v for k, v in asdict(r).items() if k not in ("token_ids",)} for r in long_rows]
     return dict(info=info, rows=table, long=long_table, profile=profiled, capture=captured,
@@ -512,7 +536,7 @@ def markdown(report: dict) -> str:
     lines = [f"`{info['model']}` on {info.get('gpu') or info['device']}, torch {info['torch']}: "
              f"{info['clips']} real recordings, {info['audio_seconds']:.0f} s of audio "
              f"({report['short_clips']} of at most 30 s).", "",
-             "| system | seconds | vs whisper.transcribe | tokens per pass | WER % | same text as eager --mode off | "
+             "| system | seconds | vs whisper.transcribe | tokens per pass | WER % | same text (as eager --mode off, or as named) | "
              "setup s | peak GPU MB | note |", "|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         if r["error"]:
@@ -522,7 +546,7 @@ def markdown(report: dict) -> str:
         seconds = fmt(r["seconds"], ".2f") + (" (clips <= 30 s)" if r["short_only"] else "")
         lines.append(f"| {r['name']} | {seconds} | {fmt(r.get('vs_whisper'), '.2f')} | "
                      f"{fmt(r['tokens_per_pass'], '.2f')} | {fmt(r['wer'], '.1f')} | "
-                     f"{r.get('same_text_as_eager_off', '')} | {r['setup_seconds']:.1f} | {r['peak_gpu_mb']:.0f} | "
+                     f"{r.get('same_text', '')} | {r['setup_seconds']:.1f} | {r['peak_gpu_mb']:.0f} | "
                      f"{r['note']} |")
     differing = [(r["name"], clip, d) for r in report["rows"] for clip, d in (r.get("differences") or {}).items()]
     if differing:
