@@ -91,7 +91,7 @@ class FixedInference(Inference):
             steps[key] = _Rows(self.model, batch, audio_features.dtype, audio_features.device)
         return steps[key]
 
-    def _hidden_or_logits(self, tokens: Tensor, audio_features: Tensor, wanted: Optional[List[int]]) -> Tensor:
+    def _logits(self, tokens: Tensor, audio_features: Tensor, wanted: Optional[List[int]]) -> Tensor:
         """Logits at the new positions ``wanted`` (indices into them; None: all) of the prompt pass,
         or at the one new position of a later pass."""
         self.passes += 1
@@ -117,7 +117,7 @@ class FixedInference(Inference):
 
     def logits(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
         """whisper's interface: logits at every new position."""
-        return self._hidden_or_logits(tokens, audio_features, None)
+        return self._logits(tokens, audio_features, None)
 
     def next_logits(self, tokens: Tensor, audio_features: Tensor, sot_index: Optional[int]
                     ) -> Tuple[Tensor, Optional[Tensor]]:
@@ -127,9 +127,9 @@ class FixedInference(Inference):
         if self.rows is None:
             n = tokens.shape[1]
             wanted = [n - 1] if sot_index is None else [sot_index, n - 1]
-            logits = self._hidden_or_logits(tokens, audio_features, wanted)
+            logits = self._logits(tokens, audio_features, wanted)
             return logits[:, -1], (logits[:, 0] if len(wanted) == 2 else None)
-        return self._hidden_or_logits(tokens, audio_features, None)[:, -1], None
+        return self._logits(tokens, audio_features, None)[:, -1], None
 
     def rearrange_kv_cache(self, source_indices) -> None:
         if self.rows is None or list(source_indices) == list(range(len(source_indices))):
