@@ -1,6 +1,6 @@
 """A static-shape decoder step, eager and compiled, beside the package's pass (an experiment).
 
-    python -m tools.bench static-step --model base --compute-type int8 --rows 1,8 --compile
+    python -m tools.bench static-step --model base --compute-type int8 --rows 1,8 --compile [--cpp-wrapper]
 
 The package's pass (``decoder.decoder_hidden`` + ``decoder.project``) runs whisper's modules with
 explicit positions and masks, so shapes and Python work vary per pass. This file writes one decoder
@@ -124,7 +124,7 @@ def _median_ms(fn, reps: int) -> float:
 
 
 def measure(model_name: str, compute_type: str, rows_list: List[int], compile_step: bool, reps: int,
-            context: int = 60) -> List[Dict]:
+            context: int = 60, cpp_wrapper: bool = False) -> List[Dict]:
     model = medusa_whisper.load_model(model_name, device="cpu", compute_type=compute_type)
     decoder = model.decoder
     mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(whisper.load_audio(str(AUDIO))), model.dims.n_mels)[None]
@@ -146,6 +146,7 @@ def measure(model_name: str, compute_type: str, rows_list: List[int], compile_st
         if compile_step:
             import torch._inductor.config as inductor_config
             inductor_config.freezing = True
+            inductor_config.cpp_wrapper = cpp_wrapper  # the kernels called from generated C++, not Python
             runs["compiled"] = torch.compile(step.__call__, fullgraph=True, dynamic=False)
         for rows in rows_list:
             new = torch.tensor(tokens[context - rows:context]) if rows <= context else torch.randint(0, 50000, (rows,))
@@ -178,10 +179,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--compile", action="store_true", help="also measure the step compiled (inductor, freezing)")
+    parser.add_argument("--cpp-wrapper", action="store_true", help="with --compile: inductor's C++ wrapper (no "
+                        "generated Python between the kernels)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"{machine_id()['cpu']} ({isa_features()}), torch {torch.__version__}, {args.threads} threads, {args.model}")
-    rows = measure(args.model, args.compute_type, [int(r) for r in args.rows.split(",")], args.compile, args.reps)
+    rows = measure(args.model, args.compute_type, [int(r) for r in args.rows.split(",")], args.compile, args.reps,
+                   cpp_wrapper=args.cpp_wrapper)
     names = ["package", "eager"] + (["compiled"] if args.compile else [])
     print("\n| compute type | rows | " + " | ".join(f"{n} ms" for n in names) + " | next token equal |")
     print("|---|---|" + "---|" * (len(names) + 1))
