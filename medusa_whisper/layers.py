@@ -57,8 +57,9 @@ LAYERS: Tuple[Layer, ...] = (
     Layer("decoding", "the speculative loop and verify(); knows proposers only through the seam; the same loop on "
                       "the device (fixed_decoding: one fixed-shape pass, CUDA graphs); batched greedy decoding of many "
                       "windows, which reuses verify() and the result fields; sampling and beam search as whisper's "
-                      "DecodingTask over the package's step (candidates)",
+                      "DecodingTask over the package's step (candidates; on the fixed-shape step, fixed_candidates)",
           ("medusa_whisper.candidates", "medusa_whisper.tree_layout", "medusa_whisper.fixed_decoding",
+           "medusa_whisper.fixed_candidates",
            "medusa_whisper.decoding",
            "medusa_whisper.batched", "medusa_whisper.fixed_batched")),
     Layer("model", "the whisper-shaped surface: MedusaWhisper imports transcribe at top level for its method, as "
