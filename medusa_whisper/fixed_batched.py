@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from whisper.model import Whisper
 
-from . import fixed_decoding
+from . import fixed_candidates, fixed_decoding
 from .batched import BatchDecoder, _Stream, open_stream, refill, replace_mode
 from .decoding import MedusaDecodingResult, decode
 from .logit_rules import DeviceRules, RuleSettings
 from .options import MedusaDecodingOptions
-from .step import FixedStep, supports
+from .step import FixedStep
 
 Source = Callable[[], Optional[Tuple[object, Tensor, MedusaDecodingOptions]]]
 Sink = Callable[[object, MedusaDecodingResult], None]
@@ -152,8 +152,6 @@ class FixedBatchDecoder:
 def batch_decoder(model: Whisper, batch_size: int):
     """The decoder of several windows side by side for ``model``: the fixed-shape one where
     ``fixed_decoding.wanted`` (CUDA) and the model's decoder allows it, else ``BatchDecoder``."""
-    device = model.device
-    heads = getattr(model, "medusa", None)
-    if fixed_decoding.wanted(device) and supports(model) and not (heads is not None and heads.has_base_head):
+    if fixed_candidates.wanted(model, model.device):  # the same condition as the fallback's candidates
         return FixedBatchDecoder(model, batch_size)
     return BatchDecoder(model, batch_size)
