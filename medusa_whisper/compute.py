@@ -240,14 +240,17 @@ def many_rows_kernel(n_out: int, n_in: int) -> str:
 def _many_rows_kernel(n_out: int, n_in: int, threads: int, bfloat16: bool) -> str:
     if not bfloat16:  # emulated bfloat16 is the slowest of all (12.7 ms above); float32 copies lose to int8 rows
         return "int8 rows"
-    layer = Int8Linear.from_linear(nn.Linear(n_in, n_out))
-    inputs = [torch.randn(n, n_in) for n in MANY_ROWS_TIMED]
-    products = {"bfloat16": lambda x: F.linear(x.to(torch.bfloat16), layer._bfloat16_weight()),
-                "int8 rows": lambda x: rowwise_int8_matmul(x, layer._packed(), layer.scale, layer._zero_points())}
 
-    def timer(product):
-        return lambda: sum(median_micros(lambda: product(x)) for x in inputs)
-    return routes_table().choose_kernel(f"int8 many rows {n_out}x{n_in}", {k: timer(f) for k, f in products.items()})
+    def timer(kernel: str) -> Callable[[], float]:
+        def run() -> float:  # its random weight and rows drawn when timed: see RouteTable.choose_kernel
+            layer = Int8Linear.from_linear(nn.Linear(n_in, n_out))
+            product = {"bfloat16": lambda x: F.linear(x.to(torch.bfloat16), layer._bfloat16_weight()),
+                       "int8 rows": lambda x: rowwise_int8_matmul(x, layer._packed(), layer.scale,
+                                                                  layer._zero_points())}[kernel]
+            inputs = [torch.randn(n, n_in) for n in MANY_ROWS_TIMED]
+            return sum(median_micros(lambda: product(x)) for x in inputs)
+        return run
+    return routes_table().choose_kernel(f"int8 many rows {n_out}x{n_in}", {k: timer(k) for k in ("bfloat16", "int8 rows")})
 
 
 def many_rows_from(n_out: int, n_in: int) -> int:

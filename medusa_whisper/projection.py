@@ -132,10 +132,12 @@ class Int8Projection(Projection):
                 n_vocab, n_state = self.qweight.shape
 
                 def timer(kernel: str):
-                    trial = Int8Projection(n_vocab, n_state, kernel)
-                    trial.qweight, trial.scale = self.qweight, self.scale
-                    one, eight = torch.randn(1, n_state), torch.randn(8, n_state)
-                    return lambda: median_micros(lambda: trial(one)) + median_micros(lambda: trial(eight))
+                    def run() -> float:  # its random rows drawn when timed: see RouteTable.choose_kernel
+                        trial = Int8Projection(n_vocab, n_state, kernel)
+                        trial.qweight, trial.scale = self.qweight, self.scale
+                        one, eight = torch.randn(1, n_state), torch.randn(8, n_state)
+                        return median_micros(lambda: trial(one)) + median_micros(lambda: trial(eight))
+                    return run
                 self.kernel = routes_table().choose_kernel(
                     f"int8 projection {n_vocab}x{n_state}", {k: timer(k) for k in self.KERNELS})
         return self.kernel

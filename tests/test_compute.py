@@ -355,8 +355,15 @@ def test_a_long_prompt_is_one_pass_of_the_many_rows_kernels_and_speculation_stil
     mel = mel_of(JFK)
     greedy = decode(plain, mel, options, mode="off")  # (and where each shape's many-rows kernel starts: measured)
     rows_seen = []
-    real = Int8Linear._many_rows
+    real, real_in = Int8Linear._many_rows, Int8Linear.many_rows_in
     monkeypatch.setattr(Int8Linear, "_many_rows", lambda self, rows: rows_seen.append(rows.shape[0]) or real(self, rows))
+
+    def many_rows_in(self, x, dtype):  # the keys and values' way to the same product, where it is bfloat16
+        y = real_in(self, x, dtype)
+        if y is not None:
+            rows_seen.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return y
+    monkeypatch.setattr(Int8Linear, "many_rows_in", many_rows_in)
     assert decode(plain, mel, options, mode="off").tokens == greedy.tokens
     assert 1500 in rows_seen, "the cross-attention keys and values: 1,500 rows together"
     prompt_rows = max(r for r in rows_seen if r != 1500)
