@@ -32,3 +32,23 @@ def tiny_en_cache(clips, tmp_path_factory):
     out = tmp_path_factory.mktemp("cache")
     features.build_cache(base, packed, out, features.LabelOptions(timestamps_fraction=0.5))
     return out
+
+
+@pytest.fixture
+def measure_afresh(tmp_path, monkeypatch):
+    """A function that makes every kernel choice from then on be measured again on first use (as a
+    fresh install measures), into a table of this test's own; no choice measured so is left to
+    later tests. Returns the routes module, whose ``table()`` is then that table."""
+    from medusa_whisper import compute, routes
+
+    memos = (compute._many_rows_kernel, compute._many_rows_from)
+
+    def afresh():
+        monkeypatch.setattr(routes, "cache_dir", lambda: tmp_path / "measured afresh")
+        for memo in memos:
+            memo.cache_clear()
+        return routes
+
+    yield afresh
+    for memo in memos:
+        memo.cache_clear()

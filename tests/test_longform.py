@@ -170,16 +170,14 @@ def test_word_timestamps_and_forced_fallback_equal_whispers(long_recording, bloc
 
 
 @pytest.mark.slow
-def test_an_int8_tree_with_forced_fallback_equals_int8_plain_decoding_from_the_same_seed(long_recording, tmp_path,
-                                                                                      monkeypatch):
+def test_an_int8_tree_with_forced_fallback_equals_int8_plain_decoding_from_the_same_seed(long_recording,
+                                                                                      measure_afresh):
     """Lossless at int8 over a whole long-form run, the sampled fallback windows included: a branching
     EAGLE tree, in a process that measures its kernel choices on first use (mid-run, as a fresh
     install does), writes the segments int8 plain decoding writes from the same seed. This once
     failed on an 8-minute recording (23 of 93 segments differed from the first sampled window on):
     the int8 kernel choices drew their random timing inputs from the global generator that the
     fallback samples from."""
-    from medusa_whisper import compute, routes
-
     audio = load_audio(long_recording)[: 16000 * 75]
     # a strict threshold forces fallbacks; two temperatures keep the sampled retries few
     options = dict(logprob_threshold=-0.35, temperature=(0.0, 0.2), language="en")
@@ -189,18 +187,13 @@ def test_an_int8_tree_with_forced_fallback_equals_int8_plain_decoding_from_the_s
     assert any(s["temperature"] > 0 for s in expected["segments"]), "the threshold was meant to force a fallback"
 
     tree = medusa_whisper.load_model("tiny.en-eagle", device="cpu", compute_type="int8")
-    monkeypatch.setattr(routes, "cache_dir", lambda: tmp_path)  # every choice measured again, on first use
-    compute._many_rows_kernel.cache_clear()
-    compute._many_rows_from.cache_clear()
-    try:
-        torch.manual_seed(0)
-        result = tree.transcribe(audio, mode="lossless", tree_width=2, tree_nodes=4, **options)
-        assert routes.table().measured >= 1, "a choice was measured during the run"
-    finally:  # choices timed into tmp_path stay out of the rest of the session
-        compute._many_rows_kernel.cache_clear()
-        compute._many_rows_from.cache_clear()
+    routes = measure_afresh()
+    torch.manual_seed(0)
+    result = tree.transcribe(audio, mode="lossless", tree_width=2, tree_nodes=4, **options)
+    assert routes.table().measured >= 1, "a choice was measured during the run"
     assert _segments(result) == _segments(expected)
     assert result["medusa"]["fallback_windows"] >= 1 and result["medusa"]["tokens_per_step"] > 1.0
+
 
 def test_initial_prompt_is_carried_into_every_window(block_model, monkeypatch):
     import importlib

@@ -254,26 +254,20 @@ def test_measuring_leaves_the_callers_random_state_alone(tmp_path):
     assert torch.equal(torch.rand(4), expected)
 
 
-def test_the_int8_kernel_choices_made_on_first_use_draw_nothing_from_the_callers_random_state(tmp_path, monkeypatch):
+def test_the_int8_kernel_choices_made_on_first_use_draw_nothing_from_the_callers_random_state(measure_afresh):
     """The real timers, not stand-ins: the int8 projection's kernel and the many-rows kernel and its
     crossing, measured on first use in the middle of a run, draw their random weights and rows from
     the measurement's own random state (an int8 run's sampled fallback windows shifted otherwise, so
     a speculative run sampled other text than plain decoding from the same seed)."""
     from medusa_whisper import compute
 
-    monkeypatch.setattr(routes, "cache_dir", lambda: tmp_path)
-    compute._many_rows_kernel.cache_clear()
-    compute._many_rows_from.cache_clear()
     layer = projection.Int8Projection.from_weight(torch.randn(300, 64))
-    try:
-        torch.manual_seed(0)
-        expected = torch.rand(4)
-        torch.manual_seed(0)
-        layer.choose_kernel()
-        compute.many_rows_kernel(96, 64)
-        compute.many_rows_from(96, 64)
-        assert routes.table().measured >= 2, "each choice was timed here, on first use"
-        assert torch.equal(torch.rand(4), expected)
-    finally:  # choices timed into tmp_path stay out of the rest of the session
-        compute._many_rows_kernel.cache_clear()
-        compute._many_rows_from.cache_clear()
+    measure_afresh()
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    layer.choose_kernel()
+    compute.many_rows_kernel(96, 64)
+    compute.many_rows_from(96, 64)
+    assert routes.table().measured >= 2, "each choice was timed here, on first use"
+    assert torch.equal(torch.rand(4), expected)
