@@ -168,7 +168,6 @@ def test_word_timestamps_and_forced_fallback_equal_whispers(long_recording, bloc
     assert words == [(w["word"], w["start"], w["end"]) for s in expected["segments"] for w in s["words"]]
 
 
-
 @pytest.mark.slow
 def test_an_int8_tree_with_forced_fallback_equals_int8_plain_decoding_from_the_same_seed(long_recording,
                                                                                       measure_afresh):
