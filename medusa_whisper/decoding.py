@@ -242,8 +242,8 @@ def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions, dra
     began = time.perf_counter()
     gen, stats, proposer = None, ProposerStats(), None
     fixed = fixed_decoding.decoder_for(model, audio_features, options, draft)
-    if fixed is not None:  # the fixed-shape step (CUDA graphs); its own heads propose in the pass, if any
-        if not fixed.num_heads:
+    if fixed is not None:  # the fixed-shape step (CUDA graphs); its own proposer drafts in the pass, if any
+        if fixed.proposer is None:
             proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel)
         gen = fixed.generate(task, audio_features, initial[0].tolist(), filters, stats, proposer)
     if gen is None:  # not there, or a filter that is not whisper's

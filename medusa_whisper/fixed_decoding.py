@@ -4,25 +4,30 @@ once as a CUDA graph and replayed, and one read by the host per pass.
 ``decoding._generate`` decides each pass on the host: it reads the logits' argmax, filters them
 with whisper's Python filters, walks the candidate tree and asks the proposer for the next one,
 so a pass on a GPU waits for the device several times and launches a few hundred kernels one by
-one. Here one pass is a single function of buffers on the device (``FixedDecoder._pass``):
+one. Here one pass is a single function of buffers on the device (``FixedDecoder._pass`` for a
+chain, ``_tree_pass`` for a tree):
 
-1. the pending token and the candidates are read from the token history at their positions;
+1. the pending token and the candidates (the in-pass proposer's buffers) are put in the token
+   history at their positions;
 2. ``step.FixedStep`` runs the decoder over them (keys and values written at those positions);
 3. ``logit_rules.DeviceRules`` filters every row as whisper would, with its row's context;
 4. the greedy tokens, their log-probabilities, and the number of candidates accepted (the longest
    prefix equal to the greedy tokens) are computed on the device; the greedy tokens go into the
    history, the length advances past the accepted ones and the verifier's own next token;
-5. the Medusa heads propose the next candidates from the state at the last accepted token.
+5. the proposer drafts the next candidates from what was committed (``drafting.device``: the
+   Medusa heads from the state at the last accepted token, the EAGLE head's chain or tree, the CTC
+   draft's next chunk, both draft heads merged into one tree).
 
-On CUDA each rows count's pass is captured once as a ``torch.cuda.CUDAGraph``; every pass then is
+On CUDA each proposal shape's pass is captured once as a ``torch.cuda.CUDAGraph``; every pass then is
 a replay and one copy to the host of what was accepted (which the host needs, to know when to
 stop). Lossless: a candidate is kept only where it equals the filtered argmax, so the tokens are
 the step's own greedy tokens; with a chain the rejected slots need no rollback, since the next
 pass writes from the new length and each row reads only slots at or before its own position.
 
-Used on CUDA for greedy decoding and lossless decoding with every proposer: Medusa-Linear chains
-are proposed inside the pass (``_pass``); every other proposer proposes on the host and hands the
-pass its tree (``_tree_pass``, ``tree_layout.TreeLayout``). Typical acceptance, the lossy CTC
+Used on CUDA for greedy decoding and lossless decoding with every proposer: Medusa-Linear heads
+(chains and trees), the EAGLE head (chains and trees), the CTC head and both draft heads propose
+inside the pass; a draft model and Medusa-Block heads propose on the host and hand the pass their
+tree (``tree_layout.TreeLayout``, copied once per pass). Typical acceptance, the lossy CTC
 shortcut, a filter that is not whisper's and ``base_head`` models take ``decoding._generate``.
 ``MEDUSA_WHISPER_STEP`` = ``fixed`` uses it on the CPU as well (tests compare it there with the
 eager loop), ``eager`` never.
@@ -31,6 +36,7 @@ eager loop), ``eager`` never.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -40,12 +46,16 @@ from torch import Tensor
 from whisper.decoding import DecodingTask, LogitFilter
 
 from .drafting.base import Committed, Proposer, ProposerStats
+from .drafting.device.base import DeviceProposer, Shape
+from .drafting.factory import DeviceSpec, device_proposer, device_spec
 from .drafting.tree import CandidateTree
+from .drafting.tree_layout import TreeLayout
 from .logit_rules import DeviceRules, RuleSettings
-from .step import FixedStep, dense, linear, supports as step_supports
-from .tree_layout import TreeLayout
+from .step import FixedStep, supports as step_supports
 
 MAX_NODES = 64  # the largest candidate tree a pass verifies (more nodes are left out)
+COST_CONTEXT = 60  # cached tokens before the rows ``row_costs`` times: about the middle of a window's text
+COST_ROUNDS = 3  # rounds of ``row_costs``; each rows count's fastest counts
 STEP_ENV = "MEDUSA_WHISPER_STEP"
 STEP_CHOICES = ("auto", "fixed", "compiled", "eager")
 
@@ -103,41 +113,6 @@ class Generation:
     decoder_steps: int
 
 
-class _Heads:
-    """Medusa-Linear heads as fixed-shape tensors: head k's residual block, and the proposal
-    vocabulary (the token ids heads may propose and their embedding rows)."""
-
-    def __init__(self, heads, num_heads: int, vocabulary: Tensor):
-        """vocabulary : the tied embedding in the products' dtype (``FixedStep.vocabulary``)"""
-        dtype = vocabulary.dtype
-        self.blocks: List[List[Tuple[Tensor, Optional[Tensor]]]] = [
-            [dense(block.linear, dtype) for block in heads.stacks[k]] for k in range(num_heads)]
-        self.ids = heads.proposal_token_ids().to(vocabulary.device)
-        self.vocabulary = vocabulary[self.ids].contiguous()
-
-    def propose(self, state: Tensor) -> Tensor:
-        """(batch, n_state) decoder states at the last accepted token -> (batch, num_heads) token ids."""
-        states = []
-        for blocks in self.blocks:
-            x = state
-            for product in blocks:
-                x = x + F.silu(linear(x, product))
-            states.append(x)
-        logits = torch.stack(states, dim=1).to(self.vocabulary.dtype) @ self.vocabulary.T
-        return self.ids[logits.argmax(dim=-1)]
-
-
-def _medusa_heads(model, options) -> Tuple[object, int]:
-    """The model's Medusa heads and how many of them propose (0: none)."""
-    if options.mode == "off":
-        return None, 0
-    heads = getattr(model, "medusa", None)
-    num = 0 if heads is None else heads.num_heads
-    if options.num_heads is not None:
-        num = min(num, options.num_heads)
-    return heads, num
-
-
 def supported(model, options) -> bool:
     """Whether the fixed-shape loop decodes what ``options`` ask of ``model`` (else the eager loop):
     greedy and lossless decoding with any proposer; not typical acceptance, the lossy CTC shortcut,
@@ -151,57 +126,51 @@ def supported(model, options) -> bool:
     return not (heads is not None and heads.has_base_head) and step_supports(model)
 
 
-def heads_on_device(model, options, draft=None) -> int:
-    """How many Medusa-Linear heads propose inside the pass (a chain of their best tokens); 0 where
-    the proposer is another (a tree, a draft head or model: it proposes on the host) or none."""
-    if draft is not None or getattr(model, "draft_head", None) is not None or options.tree_width != 1:
-        return 0
-    heads, num = _medusa_heads(model, options)
-    return num if num and heads.config.heads_type == "linear" else 0
-
-
 class FixedDecoder:
     """The fixed-shape decoding of one model on one device, reused window after window.
 
-    num_heads : Medusa heads proposing a chain of that many candidates per pass (0: greedy)
-    capture   : capture each pass as a CUDA graph (CUDA only; the default there)
+    spec    : what drafts inside the pass (``drafting.factory.DeviceSpec``); None for plain passes
+              or a host proposer handed to ``generate``
+    capture : capture each pass as a CUDA graph (CUDA only; the default there)
     """
 
-    def __init__(self, model, residual: torch.dtype, device: torch.device, num_heads: int = 0,
+    def __init__(self, model, residual: torch.dtype, device: torch.device, spec: Optional[DeviceSpec] = None,
                  capture: Optional[bool] = None):
         self.device = torch.device(device)
         self.step = FixedStep(model, 1, residual, self.device)
-        self.num_heads = num_heads
-        self.heads: Optional[_Heads] = None
-        if num_heads:
-            self.heads = _Heads(model.medusa, num_heads, self.step.vocabulary)
+        self.spec = spec
         self.capture = self.device.type == "cuda" if capture is None else capture
         if self.capture and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         n_ctx = self.step.n_ctx
         # token history: position p's token at index p; the candidates go after the pending token
-        self.history = torch.zeros(1, n_ctx + max(num_heads, MAX_NODES) + 2, dtype=torch.long, device=self.device)
+        self.history = torch.zeros(1, n_ctx + MAX_NODES + 2, dtype=torch.long, device=self.device)
         self.length = torch.ones(1, dtype=torch.long, device=self.device)  # tokens so far, the pending one included
-        self.candidates = torch.zeros(1, max(num_heads, 1), dtype=torch.long, device=self.device)
-        self.offsets = torch.arange(num_heads + 1, device=self.device)
         self.node_index = torch.arange(MAX_NODES + 1, device=self.device)
         self.rules: Dict[tuple, DeviceRules] = {}
-        self.passes: Dict[Tuple[tuple, int], Tuple[Callable[[], None], Tensor]] = {}
+        self.passes: Dict[tuple, Tuple[Callable[[], None], Tensor]] = {}
         self.graphs: List["torch.cuda.CUDAGraph"] = []
-        self.trees: Dict[int, Tensor] = {}  # nodes -> the tree's packed description (TreeLayout), on the device
+        self.trees: Dict[int, Tensor] = {}  # nodes -> a host proposer's packed tree (TreeLayout), on the device
         self.kept: Dict[int, Tensor] = {}  # nodes -> the states at the pending token and the accepted path
         self.staging: Dict[int, Tensor] = {}  # nodes -> the packed tree on the host (pinned on CUDA)
         self.host_reads = 0  # copies from the device the loop waited for (tests count them)
+        self.proposer: Optional[DeviceProposer] = None if spec is None else device_proposer(spec, model, self.step)
+        if self.proposer is not None and self.proposer.cost_rows:
+            self.proposer.set_row_costs(self.row_costs(self.proposer.cost_rows))
 
     # ------------------------------------------------------------------ the pass on the device
 
-    def _pass(self, rows: int, rules: DeviceRules, out: Tensor) -> None:
-        """One verification pass of the pending token and ``rows - 1`` candidates; see the module."""
+    def _pass(self, rows: int, rules: DeviceRules, out: Tensor, drafting: bool = False,
+              shape: Optional[Shape] = None) -> None:
+        """One verification pass of the pending token and a chain of ``rows - 1`` candidates: the
+        in-pass proposer's of ``shape``, advanced after it, when ``drafting``; see the module."""
         k = rows - 1
         length = self.length
-        positions = (length - 1)[:, None] + self.offsets[:rows]  # (1, rows): the pending token, then candidates
+        start = length - 1  # the pending token's position
+        positions = start[:, None] + self.node_index[:rows]  # (1, rows): the pending token, then candidates
+        candidates = self.proposer.candidates(shape) if k else None
         if k:
-            self.history.scatter_(1, positions[:, 1:], self.candidates[:, :k])
+            self.history.scatter_(1, positions[:, 1:], candidates)
         tokens = self.history.gather(1, positions)
         hidden = self.step(tokens, positions)
         logits = self.step.logits(hidden)
@@ -209,23 +178,26 @@ class FixedDecoder:
         greedy = logits.argmax(dim=-1)  # (1, rows)
         logprobs = F.log_softmax(logits, dim=-1).gather(-1, greedy[..., None])[..., 0]
         if k:
-            accepted = (self.candidates[:, :k] == greedy[:, :k]).long().cumprod(dim=-1).sum(dim=-1)
+            accepted = (candidates == greedy[:, :k]).long().cumprod(dim=-1).sum(dim=-1)
         else:
             accepted = torch.zeros_like(length)
         self.history.scatter_(1, positions + 1, greedy)  # accepted candidates equal these; the rest is overwritten
-        self.length.add_(accepted + 1)
-        if k and self.heads is not None:
-            last = hidden.gather(1, accepted[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
-            self.candidates.copy_(self.heads.propose(last))
+        if drafting:
+            self.proposer.advance(hidden, self.history, start, accepted + 1, greedy, shape)
+        length.add_(accepted + 1)
         out.copy_(torch.cat([accepted.double(), greedy[0].double(), logprobs[0].double()]))
 
-    def _tree_pass(self, nodes: int, rules: DeviceRules, out: Tensor) -> None:
-        """One verification pass of the pending token and a tree of ``nodes`` candidates proposed on
-        the host (``TreeLayout`` packs it): as ``decoding.verify`` walks it, on the device. Node j
-        sits at position L-1+depth(j) and slot L+j, sees the committed slots and its ancestors; the
-        accepted path is the deepest node whose every ancestor's token equals the greedy token of
-        its parent's row; its slots are moved to follow the pending token's, as ``compact`` does."""
-        layout = TreeLayout.unpack(self.trees[nodes], nodes)
+    def _tree_pass(self, nodes: int, rules: DeviceRules, out: Tensor, drafting: bool = False,
+                   shape: Optional[Shape] = None) -> None:
+        """One verification pass of the pending token and a tree of ``nodes`` candidates: a host
+        proposer's (``TreeLayout`` packs it into ``trees``), or when ``drafting`` the in-pass
+        proposer's of ``shape`` (which is advanced after it). As ``decoding.verify`` walks it, on the
+        device. Node j sits at position L-1+depth(j) and slot L+j, sees the committed slots and its
+        ancestors; the accepted path is the deepest node whose every ancestor's token equals the
+        greedy token of its parent's row; its slots are moved to follow the pending token's, as
+        ``compact`` does."""
+        packed = self.proposer.layout(shape) if drafting else self.trees[nodes]
+        layout = TreeLayout.unpack(packed, nodes)
         length, step = self.length, self.step
         rows = nodes + 1
         arange = self.node_index[:nodes]
@@ -258,38 +230,72 @@ class FixedDecoder:
         for cache in (step.keys, step.values):  # the accepted nodes' slots follow the pending token's
             cache.index_copy_(3, length + arange, cache.index_select(3, length + path))
         self.history.scatter_(1, (length + self.node_index[:rows])[None], greedy[path_rows][None])
-        self.length.add_(accepted + 1)
-        self.kept[nodes].copy_(hidden[:, path_rows])
+        if drafting:  # rows past the deepest path are never committed
+            depth = self.proposer.depth(shape)
+            self.proposer.advance(hidden[:, path_rows[:1 + depth]], self.history, start, accepted + 1, greedy[None],
+                                  shape)
+        else:
+            self.kept[nodes].copy_(hidden[:, path_rows])
+        length.add_(accepted + 1)
+        valid = layout.valid.sum().reshape(1)  # the candidates verified
         out.copy_(torch.cat([deepest.double(), accepted.double(), greedy[path_rows].double(),
-                             logprobs[path_rows].double(), predictions.double()]))
+                             logprobs[path_rows].double(), predictions.double(), valid.double()]))
 
-    def _program(self, rows: int, rules: DeviceRules) -> Tuple[Callable[[], None], Tensor]:
-        """The pass over ``rows`` rows as a callable (a graph's replay on CUDA) and its output buffer."""
-        key = (rules.key, rows)
+    def _program(self, rows: int, rules: DeviceRules, drafting: bool = False,
+                 shape: Optional[Shape] = None) -> Tuple[Callable[[], None], Tensor]:
+        """The chain pass over ``rows`` rows as a callable (a graph's replay on CUDA) and its output buffer."""
+        key = (rules.key, "chain", rows, drafting, shape)
         if key not in self.passes:
             out = torch.zeros(1 + 2 * rows, dtype=torch.float64, device=self.device)
-            run = lambda: self._pass(rows, rules, out)  # noqa: E731
+            run = lambda: self._pass(rows, rules, out, drafting, shape)  # noqa: E731
             self.passes[key] = (self._program_of(run), out)
         return self.passes[key]
 
-    def _tree_program(self, nodes: int, rules: DeviceRules) -> Tuple[Callable[[], None], Tensor]:
-        """The tree pass over ``nodes`` nodes as a callable (a graph's replay on CUDA) and its output."""
-        key = (rules.key, "tree", nodes)
+    def _tree_program(self, nodes: int, rules: DeviceRules, drafting: bool = False,
+                      shape: Optional[Shape] = None) -> Tuple[Callable[[], None], Tensor]:
+        """The tree pass over ``nodes`` nodes (the in-pass proposer's of ``shape`` when ``drafting``,
+        else a host tree) as a callable (a graph's replay on CUDA) and its output."""
+        key = (rules.key, "tree", nodes, drafting, shape)
         if key not in self.passes:
-            out = torch.zeros(2 + 3 * (nodes + 1), dtype=torch.float64, device=self.device)
-            run = lambda: self._tree_pass(nodes, rules, out)  # noqa: E731
+            out = torch.zeros(3 + 3 * (nodes + 1), dtype=torch.float64, device=self.device)
+            run = lambda: self._tree_pass(nodes, rules, out, drafting, shape)  # noqa: E731
             self.passes[key] = (self._program_of(run), out)
         return self.passes[key]
 
     def _program_of(self, run: Callable[[], None]) -> Callable[[], None]:
         if not self.capture and step_choice() != "compiled":
             return run
-        return program(run, self.device if self.capture else torch.device("cpu"),
-                       (self.history, self.length, self.candidates), self.graphs)
+        state = [self.history, self.length] + (self.proposer.state() if self.proposer is not None else [])
+        return program(run, self.device if self.capture else torch.device("cpu"), state, self.graphs)
 
     def _read(self, out: Tensor) -> List[float]:
         self.host_reads += 1
         return out.tolist()
+
+    @torch.no_grad()
+    def row_costs(self, rows: Sequence[int]) -> Tuple[float, ...]:
+        """What a pass over each of ``rows`` rows costs relative to one over ``rows[0]``: this step's
+        own passes after COST_CONTEXT tokens, on CUDA captured as graphs, timed on this device (the
+        fastest of COST_ROUNDS interleaved rounds). Its keys and values land in slots that every
+        window writes before reading."""
+        step = self.step
+        tokens = torch.zeros(1, max(rows), dtype=torch.long, device=self.device)
+        positions = COST_CONTEXT + self.node_index[:max(rows)][None].clamp(max=step.n_ctx - 1 - COST_CONTEXT)
+        runs, graphs = {}, []  # the timing's graphs are freed with it
+        for n in rows:
+            run = lambda n=n: step.logits(step(tokens[:, :n], positions[:, :n]))  # noqa: E731
+            runs[n] = program(run, self.device, [], graphs) if self.capture else run
+        timings = {n: float("inf") for n in rows}
+        for n in rows:  # the first pass of a shape may choose kernels or allocate: untimed
+            runs[n]()
+        for _ in range(COST_ROUNDS):
+            for n in rows:
+                _synchronize(self.device)
+                began = time.perf_counter()
+                runs[n]()
+                _synchronize(self.device)
+                timings[n] = min(timings[n], time.perf_counter() - began)
+        return tuple(round(timings[n] / timings[rows[0]], 3) for n in rows)
 
     # ------------------------------------------------------------------ one window on the host
 
@@ -312,7 +318,7 @@ class FixedDecoder:
         """Decode one window, as ``decoding._generate`` does; None when a filter is not whisper's.
 
         proposer : a proposer on the host (any of drafting/), whose trees each pass verifies; None
-                   for this decoder's own Medusa heads (in the pass) or plain greedy steps
+                   for this decoder's own in-pass proposer (``spec``), or plain greedy steps
         """
         rules = self._rules(filters, self.step.vocabulary.shape[0])
         if rules is None:
@@ -320,7 +326,10 @@ class FixedDecoder:
         eot, no_speech = task.tokenizer.eot, task.tokenizer.no_speech
         limit = min(task.sample_begin + task.sample_len, task.n_ctx + 1)  # whisper's two stopping rules
         self.step.set_audio(audio_features)
-        first, no_speech_prob, prompt_states = self._prefill(initial, rules, task.sot_index, no_speech)
+        drafting = proposer is None and self.proposer is not None
+        if drafting:
+            self.proposer.begin(audio_features, task.tokenizer)
+        first, no_speech_prob, prompt_states = self._prefill(initial, rules, task.sot_index, no_speech, drafting)
         tokens = list(initial) + [int(first[1])]
         sum_logprob, steps = first[2], 1
         if proposer is not None and tokens[-1] != eot and len(tokens) < limit:
@@ -333,12 +342,10 @@ class FixedDecoder:
                 emitted, logprobs, commit = self._verify_tree(tree, rules, tokens)
                 proposed = accepted = 0  # counted by the proposer's own commit
             else:
-                k = self.num_heads if room >= self.num_heads else 0
-                run, out = self._program(k + 1, rules)
-                run()
-                values = self._read(out)
-                proposed, accepted = k, int(values[0])
-                emitted, logprobs, commit = values[1:2 + accepted], values[2 + k:3 + k + accepted], None
+                shape = self._shape(room, len(tokens)) if drafting else None
+                drafting = shape is not None  # once nothing fits, the window ends with plain passes
+                emitted, logprobs, proposed, accepted = self._verify(shape, rules)
+                commit = None
             steps += 1
             kept = 0
             for token, logprob in zip(emitted, logprobs):
@@ -351,6 +358,39 @@ class FixedDecoder:
                 proposer.commit(commit)
             _count(stats, proposed, min(accepted, kept))
         return Generation(tokens, sum_logprob, no_speech_prob, steps)
+
+    def _shape(self, room: int, length: int) -> Optional[Shape]:
+        """The in-pass proposer's shape for the next pass, None where its proposal does not fit."""
+        shape = self.proposer.next_shape(room)
+        if shape is not None and self.proposer.nodes(shape) > min(MAX_NODES, self.step.n_ctx - length):
+            return None
+        return shape
+
+    def _verify(self, shape: Optional[Shape], rules: DeviceRules) -> Tuple[List[float], List[float], int, int]:
+        """One pass over the in-pass proposer's proposal of ``shape`` (None: a plain pass without it):
+        the tokens it gives (accepted candidates, then the verifier's own), their log-probabilities,
+        how many candidates were verified and how many accepted."""
+        drafting = shape is not None
+        if drafting and self.proposer.is_tree(shape) and self.proposer.nodes(shape):
+            nodes = self.proposer.nodes(shape)
+            run, out = self._tree_program(nodes, rules, True, shape)
+            run()
+            values = self._read(out)
+            rows = nodes + 1
+            accepted = int(values[1])
+            emitted, logprobs = values[2:3 + accepted], values[2 + rows:3 + rows + accepted]
+            proposed = int(values[-1])
+        else:
+            k = self.proposer.nodes(shape) if drafting else 0
+            run, out = self._program(k + 1, rules, drafting, shape)
+            run()
+            values = self._read(out)
+            accepted = int(values[0])
+            emitted, logprobs = values[1:2 + accepted], values[2 + k:3 + k + accepted]
+            proposed = k
+        if drafting:
+            self.proposer.observe(shape, accepted)
+        return emitted, logprobs, proposed, accepted
 
     def _verify_tree(self, tree: CandidateTree, rules: DeviceRules,
                      tokens: List[int]) -> Tuple[List[float], List[float], Committed]:
@@ -391,10 +431,10 @@ class FixedDecoder:
         return greedy[:1 + accepted], values[2 + rows:3 + rows + accepted], committed
 
     def _prefill(self, initial: List[int], rules: DeviceRules, sot_index: int,
-                 no_speech: Optional[int]) -> Tuple[List[float], float, Tensor]:
+                 no_speech: Optional[int], drafting: bool) -> Tuple[List[float], float, Tensor]:
         """The pass over the initial tokens (eager: their number changes with the prompt): the first
         sampled token, its log-probability, the argmax before the rules, the no-speech probability,
-        the first candidates of the decoder's own heads, and the prompt's states."""
+        and the prompt's states; with ``drafting``, the in-pass proposer's first proposal."""
         n = len(initial)
         self.history.zero_()
         self.history[0, :n] = torch.tensor(initial, device=self.device)
@@ -408,8 +448,9 @@ class FixedDecoder:
         logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
         self.history[:, n] = greedy[:, 0]
         self.length.fill_(n + 1)
-        if self.heads is not None:
-            self.candidates.copy_(self.heads.propose(hidden[:, n - 1]))
+        if drafting:
+            start = torch.zeros(1, dtype=torch.long, device=self.device)
+            self.proposer.advance(hidden, self.history, start, start + n, greedy, None)
         values = self._read(torch.cat([torch.zeros(1, device=self.device, dtype=torch.float64), greedy[0].double(),
                                        logprob[0].double(), prediction.double(), speech.double()]))
         return values[:4], values[4] if no_speech is not None else float("nan"), hidden
@@ -427,12 +468,19 @@ def _count(stats: ProposerStats, proposed: int, accepted: int) -> None:
 
 def decoder_for(model, audio_features: Tensor, options, draft=None) -> Optional[FixedDecoder]:
     """The model's fixed-shape decoder for these options and features (made once, kept on the
-    model), or None where the eager loop must decode (``wanted``, ``supported``)."""
+    model), or None where the eager loop must decode (``wanted``, ``supported``). Its ``proposer``
+    drafts inside the pass where one exists for these options (``drafting.factory.device_spec``);
+    else the caller hands ``generate`` a host proposer, if any."""
     if not (wanted(audio_features.device) and supported(model, options)):
         return None
-    num_heads = heads_on_device(model, options, draft)
-    key = (audio_features.device, audio_features.dtype, num_heads, step_choice())
+    spec = device_spec(model, options, draft)
+    key = (audio_features.device, audio_features.dtype, spec, step_choice())
     decoders = model.__dict__.setdefault("fixed_decoders", {})  # not a submodule: no state-dict entries
     if key not in decoders:
-        decoders[key] = FixedDecoder(model, audio_features.dtype, audio_features.device, num_heads)
+        decoders[key] = FixedDecoder(model, audio_features.dtype, audio_features.device, spec)
     return decoders[key]
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

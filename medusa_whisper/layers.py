@@ -38,27 +38,34 @@ LAYERS: Tuple[Layer, ...] = (
           ("medusa_whisper.routes", "medusa_whisper.int8_kernels", "medusa_whisper.invariant_attention",
            "medusa_whisper.kv_cache", "medusa_whisper.masks", "medusa_whisper.projection",
            "medusa_whisper.logit_rules", "medusa_whisper.together")),
-    Layer("proposer seam", "what the decoding loop sees of any proposer (candidate trees, propose() and "
-                           "commit()): plain data and masks, no model",
-          ("medusa_whisper.drafting", "medusa_whisper.drafting.tree", "medusa_whisper.drafting.base")),
+    Layer("proposer seam", "what the decoding loop sees of any proposer (candidate trees and their packing for the "
+                           "device's pass, propose() and commit(), the in-pass proposers' calls): plain data and "
+                           "masks, no model",
+          ("medusa_whisper.drafting", "medusa_whisper.drafting.tree", "medusa_whisper.drafting.base",
+           "medusa_whisper.drafting.tree_layout", "medusa_whisper.drafting.device",
+           "medusa_whisper.drafting.device.base")),
     Layer("compute types", "int8/bfloat16 layers and the load-time surgery that swaps them in (the linears, and the "
                            "decoder's projection for its compute type)",
           ("medusa_whisper.compute",)),
     Layer("decoder and heads", "whisper's decoder run with explicit positions, cache slots and masks, and as one "
                                "fixed-shape step for CUDA graphs; the Medusa head modules",
           ("medusa_whisper.decoder", "medusa_whisper.step", "medusa_whisper.heads")),
-    Layer("drafters", "draft head modules, the proposers, and the one factory that builds a proposer from the "
-                      "options; draft_head loads eagle/ctc/union by name (importlib), unseen by ast",
+    Layer("drafters", "draft head modules, the proposers (on the host, and inside the fixed-shape pass: "
+                      "drafting.device), and the one factory that builds a proposer from the options; draft_head "
+                      "loads eagle/ctc/union by name (importlib), unseen by ast",
           ("medusa_whisper.drafting.draft_head", "medusa_whisper.drafting.ctc_units",
            "medusa_whisper.drafting.ctc_draft", "medusa_whisper.drafting.ctc_lexicon",
            "medusa_whisper.drafting.ctc_proposer", "medusa_whisper.drafting.ctc", "medusa_whisper.drafting.eagle",
            "medusa_whisper.drafting.union", "medusa_whisper.drafting.medusa", "medusa_whisper.drafting.draft_model",
-           "medusa_whisper.drafting.replay", "medusa_whisper.drafting.pass_costs", "medusa_whisper.drafting.factory")),
+           "medusa_whisper.drafting.replay", "medusa_whisper.drafting.pass_costs",
+           "medusa_whisper.drafting.device.medusa", "medusa_whisper.drafting.device.eagle",
+           "medusa_whisper.drafting.device.ctc", "medusa_whisper.drafting.device.union",
+           "medusa_whisper.drafting.factory")),
     Layer("decoding", "the speculative loop and verify(); knows proposers only through the seam; the same loop on "
                       "the device (fixed_decoding: one fixed-shape pass, CUDA graphs); batched greedy decoding of many "
                       "windows, which reuses verify() and the result fields; sampling and beam search as whisper's "
                       "DecodingTask over the package's step (candidates; on the fixed-shape step, fixed_candidates)",
-          ("medusa_whisper.candidates", "medusa_whisper.tree_layout", "medusa_whisper.fixed_decoding",
+          ("medusa_whisper.candidates", "medusa_whisper.fixed_decoding",
            "medusa_whisper.fixed_candidates",
            "medusa_whisper.decoding",
            "medusa_whisper.batched", "medusa_whisper.fixed_batched")),

@@ -80,7 +80,7 @@ def layer_norm(x: Tensor, norm: Product) -> Tensor:
 
 
 @dataclass
-class _Layer:
+class Layer:
     attn_ln: Product
     qkv: Product  # query, key, value in one product (whisper's key has no bias: zeros)
     out: Product
@@ -94,11 +94,14 @@ class _Layer:
     fc2: Product
 
 
-def _norm(module: nn.LayerNorm, dtype: torch.dtype) -> Product:
+def norm_product(module: nn.LayerNorm, dtype: torch.dtype) -> Product:
+    """A LayerNorm's weight and bias as dense tensors of ``dtype``."""
     return module.weight.detach().to(dtype).contiguous(), module.bias.detach().to(dtype).contiguous()
 
 
-def _layer(block: nn.Module, residual: torch.dtype, dtype: torch.dtype) -> _Layer:
+def layer_products(block: nn.Module, residual: torch.dtype, dtype: torch.dtype) -> Layer:
+    """A whisper ``ResidualAttentionBlock`` (the decoder's, or a draft head's) as fixed tensors:
+    norms in the residual dtype, products in ``dtype``."""
     attn, cross = block.attn, block.cross_attn
     q, k, v = (dense(m, dtype) for m in (attn.query, attn.key, attn.value))
     zeros = torch.zeros(k[0].shape[0], dtype=dtype, device=k[0].device)
@@ -106,11 +109,47 @@ def _layer(block: nn.Module, residual: torch.dtype, dtype: torch.dtype) -> _Laye
     mlp = block.mlp
     if not (isinstance(mlp, nn.Sequential) and len(mlp) == 3 and isinstance(mlp[1], nn.GELU)):
         raise UnsupportedStep("the decoder's MLP is not whisper's Linear, GELU, Linear")
-    return _Layer(attn_ln=_norm(block.attn_ln, residual), qkv=qkv, out=dense(attn.out, dtype),
-                  cross_ln=_norm(block.cross_attn_ln, residual), cross_query=dense(cross.query, dtype),
-                  cross_out=dense(cross.out, dtype), cross_key=dense(cross.key, dtype),
-                  cross_value=dense(cross.value, dtype), mlp_ln=_norm(block.mlp_ln, residual),
-                  fc1=dense(mlp[0], dtype), fc2=dense(mlp[2], dtype))
+    return Layer(attn_ln=norm_product(block.attn_ln, residual), qkv=qkv, out=dense(attn.out, dtype),
+                 cross_ln=norm_product(block.cross_attn_ln, residual), cross_query=dense(cross.query, dtype),
+                 cross_out=dense(cross.out, dtype), cross_key=dense(cross.key, dtype),
+                 cross_value=dense(cross.value, dtype), mlp_ln=norm_product(block.mlp_ln, residual),
+                 fc1=dense(mlp[0], dtype), fc2=dense(mlp[2], dtype))
+
+
+def layer_forward(layer: Layer, x: Tensor, keys: Tensor, values: Tensor, cross_keys: Tensor,
+                  cross_values: Tensor, allowed: Tensor, index: Tensor, n_head: int) -> Tensor:
+    """One residual block over new rows at fixed shapes: their keys and values are written into
+    ``keys``/``values`` at ``index`` (slots), then every slot is attended where ``allowed``.
+
+    x                       : shape = (batch, rows, n_state), the residual stream
+    keys, values            : shape = (batch, n_head, slots, d_head), this block's cache, written in place
+    cross_keys, cross_values: shape = (batch, n_head, n_audio_ctx, d_head)
+    allowed                 : shape = (batch, 1, rows, slots) bool
+    index                   : shape = (batch, n_head, rows, d_head), the rows' slots
+    """
+    batch, rows, n_state = x.shape
+    h = layer_norm(x, layer.attn_ln)
+    q, k, v = (t.view(batch, rows, n_head, -1).transpose(1, 2)
+               for t in linear(h, layer.qkv).split(n_state, dim=-1))
+    keys.scatter_(2, index, k)
+    values.scatter_(2, index, v)
+    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
+    x = x + linear(o.transpose(1, 2).reshape(batch, rows, n_state), layer.out)
+    h = layer_norm(x, layer.cross_ln)
+    q = linear(h, layer.cross_query).view(batch, rows, n_head, -1).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, cross_keys, cross_values)
+    x = x + linear(o.transpose(1, 2).reshape(batch, rows, n_state), layer.cross_out)
+    h = layer_norm(x, layer.mlp_ln)
+    return x + linear(F.gelu(linear(h, layer.fc1)), layer.fc2)
+
+
+def cross_keys_values(layer: Layer, features: Tensor, n_head: int) -> Tuple[Tensor, Tensor]:
+    """The cross-attention keys and values of ``layer`` for encoder output ``features``,
+    shape = (batch, n_audio_ctx, n_state) -> two of (batch, n_head, n_audio_ctx, d_head)."""
+    rows, n, _ = features.shape
+    k = linear(features, layer.cross_key).view(rows, n, n_head, -1).transpose(1, 2)
+    v = linear(features, layer.cross_value).view(rows, n, n_head, -1).transpose(1, 2)
+    return k, v
 
 
 class FixedStep:
@@ -130,10 +169,10 @@ class FixedStep:
         self.n_state = decoder.token_embedding.weight.shape[1]
         self.n_ctx = decoder.positional_embedding.shape[0]
         self.n_audio_ctx = model.dims.n_audio_ctx
-        self.layers: List[_Layer] = [_layer(block, residual, dtype) for block in decoder.blocks]
+        self.layers: List[Layer] = [layer_products(block, residual, dtype) for block in decoder.blocks]
         self.embedding = decoder.token_embedding.weight.detach().to(residual).contiguous()
         self.positional = decoder.positional_embedding.detach().to(residual).contiguous()
-        self.final_ln = _norm(decoder.ln, residual)
+        self.final_ln = norm_product(decoder.ln, residual)
         # the vocabulary: the tied embedding, in the products' dtype
         self.vocabulary = decoder.token_embedding.weight.detach().to(dtype).contiguous()
         d_head = self.n_state // self.n_head
@@ -153,11 +192,9 @@ class FixedStep:
         consecutive items share each window (best_of candidates, beams): its keys and values are
         computed once and copied to them. In place: a captured graph keeps reading the same buffers."""
         features = features.to(self.residual)
-        rows, n, _ = features.shape
         at = slice(None) if item is None else slice(item, item + 1)
         for i, layer in enumerate(self.layers):
-            k = linear(features, layer.cross_key).view(rows, n, self.n_head, -1).transpose(1, 2)
-            v = linear(features, layer.cross_value).view(rows, n, self.n_head, -1).transpose(1, 2)
+            k, v = cross_keys_values(layer, features, self.n_head)
             if repeat > 1:
                 k, v = k.repeat_interleave(repeat, dim=0), v.repeat_interleave(repeat, dim=0)
             self.cross_keys[i, at].copy_(k)
@@ -188,20 +225,8 @@ class FixedStep:
         index = slots[:, None, :, None].expand(batch, n_head, rows, n_state // n_head)
         at = slice(None) if item is None else slice(item, item + 1)
         for i, layer in enumerate(self.layers):
-            keys, values = self.keys[i, at], self.values[i, at]
-            h = layer_norm(x, layer.attn_ln)
-            q, k, v = (t.view(batch, rows, n_head, -1).transpose(1, 2)
-                       for t in linear(h, layer.qkv).split(n_state, dim=-1))
-            keys.scatter_(2, index, k)
-            values.scatter_(2, index, v)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
-            x = x + linear(o.transpose(1, 2).reshape(batch, rows, n_state), layer.out)
-            h = layer_norm(x, layer.cross_ln)
-            q = linear(h, layer.cross_query).view(batch, rows, n_head, -1).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, self.cross_keys[i, at], self.cross_values[i, at])
-            x = x + linear(o.transpose(1, 2).reshape(batch, rows, n_state), layer.cross_out)
-            h = layer_norm(x, layer.mlp_ln)
-            x = x + linear(F.gelu(linear(h, layer.fc1)), layer.fc2)
+            x = layer_forward(layer, x, self.keys[i, at], self.values[i, at], self.cross_keys[i, at],
+                              self.cross_values[i, at], allowed, index, n_head)
         return layer_norm(x, self.final_ln)
 
     __call__ = forward

@@ -12,6 +12,7 @@ import whisper
 
 import medusa_whisper
 from medusa_whisper import fixed_decoding
+from medusa_whisper.audio import load_audio
 from medusa_whisper.batched import BatchDecoder
 from medusa_whisper.decoding import decode
 from medusa_whisper.fixed_batched import FixedBatchDecoder, batch_decoder
@@ -23,7 +24,8 @@ CLIPS = ["tests/data/real/jfk.flac", "tests/data/espeak_weather.flac", "tests/da
 
 @pytest.fixture(scope="module")
 def mels():
-    return [whisper.log_mel_spectrogram(whisper.pad_or_trim(whisper.load_audio(f)), 80) for f in CLIPS]
+    # read by soundfile, not whisper's ffmpeg: the CUDA machine has no ffmpeg
+    return [whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(load_audio(f))), 80) for f in CLIPS]
 
 
 @pytest.fixture(scope="module")

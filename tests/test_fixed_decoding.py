@@ -23,9 +23,10 @@ from medusa_whisper import fixed_decoding
 from medusa_whisper.decoder import decoder_hidden, new_cache, project
 from medusa_whisper.drafting.tree import CandidateTree, best_first
 from medusa_whisper.drafting.base import Proposer, ProposerStats
+from medusa_whisper.drafting.factory import DeviceSpec, make_proposer
 from medusa_whisper.fixed_decoding import FixedDecoder, decoder_for
 from medusa_whisper.step import FixedStep
-from medusa_whisper.tree_layout import TreeLayout
+from medusa_whisper.drafting.tree_layout import TreeLayout
 
 from conftest import CLIPS, DATA
 from helpers import random_model, randomize_heads
@@ -144,7 +145,7 @@ def test_prompts_of_different_lengths_reuse_the_decoder(tiny_en_medusa, monkeypa
 
 
 def test_one_host_read_per_pass(tiny_en_medusa, real_features):
-    decoder = FixedDecoder(tiny_en_medusa, torch.float32, torch.device("cpu"), num_heads=1)
+    decoder = FixedDecoder(tiny_en_medusa, torch.float32, torch.device("cpu"), DeviceSpec("medusa", 1))
     task = DecodingTask(tiny_en_medusa, options())
     stats = ProposerStats()
     generation = decoder.generate(task, real_features, list(task.initial_tokens), task.logit_filters, stats)
@@ -155,24 +156,24 @@ def test_one_host_read_per_pass(tiny_en_medusa, real_features):
 def test_a_pass_never_reads_the_device_on_the_host(tiny_en_medusa):
     """torch.compile's full-graph tracing fails on .item(), .tolist(), a tensor's truth value or a
     shape that depends on data: what a CUDA graph cannot capture either."""
-    decoder = FixedDecoder(tiny_en_medusa, torch.float32, torch.device("cpu"), num_heads=1)
+    decoder = FixedDecoder(tiny_en_medusa, torch.float32, torch.device("cpu"), DeviceSpec("medusa", 1))
     task = DecodingTask(tiny_en_medusa, options())
     rules = decoder._rules(task.logit_filters, tiny_en_medusa.dims.n_vocab)
     decoder.length.fill_(5)
     out = torch.zeros(5, dtype=torch.float64)
     torch._dynamo.reset()
-    torch.compile(lambda: decoder._pass(2, rules, out), fullgraph=True, backend="eager")()
+    torch.compile(lambda: decoder._pass(2, rules, out, True, 1), fullgraph=True, backend="eager")()
     assert int(decoder.length[0]) > 5  # it ran: the length moved past the pending token
 
     # the tree pass of host proposers: a tree of three nodes in the slots of four
     decoder.trees[4] = TreeLayout.pack(CandidateTree((11, 13, 290), (-1, -1, 0)), 4)
     decoder.kept[4] = torch.zeros(1, 5, decoder.step.n_state)
-    tree_out = torch.zeros(2 + 3 * 5, dtype=torch.float64)
+    tree_out = torch.zeros(3 + 3 * 5, dtype=torch.float64)
     torch._dynamo.reset()
     torch.compile(lambda: decoder._tree_pass(4, rules, tree_out), fullgraph=True, backend="eager")()
 
     def reads_the_host():
-        decoder._pass(2, rules, out)
+        decoder._pass(2, rules, out, True, 1)
         if int(decoder.length[0]) > 3:
             out.add_(1)
     torch._dynamo.reset()
@@ -180,25 +181,32 @@ def test_a_pass_never_reads_the_device_on_the_host(tiny_en_medusa):
         torch.compile(reads_the_host, fullgraph=True, backend="eager")()
 
 
-HOST_PROPOSERS = [("tiny.en-medusa", dict(tree_width=3, tree_nodes=6)), ("tiny.en-medusa-block", {}),
-                  ("tiny.en-eagle", dict(draft_tokens=3)), ("tiny.en-eagle", dict(tree_width=2, tree_nodes=6)),
-                  ("tiny.en-ctc", {}), ("tiny.en-ctc+eagle", dict(draft_tokens=2))]
+HOST_PROPOSERS = [("tiny.en-medusa-block", {}), ("tiny.en-eagle", dict(draft_tokens=3)),
+                  ("tiny.en-eagle", dict(tree_width=2, tree_nodes=6)), ("tiny.en-ctc", {}),
+                  ("tiny.en-ctc+eagle", dict(draft_tokens=2))]
 
 
 @pytest.mark.parametrize("name,extra", HOST_PROPOSERS, ids=[f"{n}{e}" for n, e in HOST_PROPOSERS])
-def test_host_proposers_trees_verified_on_the_device_as_by_the_eager_loop(name, extra, monkeypatch):
+def test_host_proposers_trees_verified_on_the_device_as_by_the_eager_loop(name, extra):
     """Proposers that draft on the host hand the pass a tree (a chain is one); the pass walks it on
-    the device. Same tokens, and the same passes, proposals and acceptances as the eager loop."""
+    the device. Same tokens, and the same passes, proposals and acceptances as the eager loop. (The
+    fixed loop's own choice for the draft heads is their in-pass proposer: test_device_proposers.)"""
     model = medusa_whisper.load_model(name, device="cpu")
+    opts = medusa_whisper.MedusaDecodingOptions(language="en", fp16=False, **extra)
     for clip in (REAL, CLIPS[0]):
         mel = mel_of(clip)
-        eager = decode_with("eager", monkeypatch, model, mel, options(), **extra)
-        fixed = decode_with("fixed", monkeypatch, model, mel, options(), **extra)
-        assert fixed.tokens == eager.tokens, clip.name
-        assert fixed.avg_logprob == pytest.approx(eager.avg_logprob, abs=1e-4)
-        assert (fixed.decoder_steps, fixed.draft_proposed, fixed.draft_accepted) == (
-            eager.decoder_steps, eager.draft_proposed, eager.draft_accepted), clip.name
-        assert fixed.decoder_steps < fixed.tokens_produced
+        eager = decode(model, mel, opts)  # the CPU's default: the eager loop
+        with torch.no_grad():
+            features = model.embed_audio(mel[None])
+        task = DecodingTask(model, opts)
+        proposer = make_proposer(model, features, "en", opts, task)
+        decoder = FixedDecoder(model, torch.float32, torch.device("cpu"))
+        stats = ProposerStats()
+        fixed = decoder.generate(task, features, list(task.initial_tokens), task.logit_filters, stats, proposer)
+        assert fixed.tokens[task.sample_begin:] == [*eager.tokens, task.tokenizer.eot], clip.name
+        assert fixed.decoder_steps == eager.decoder_steps, clip.name
+        assert proposer.stats.proposed == eager.draft_proposed, clip.name
+        assert fixed.decoder_steps < len(fixed.tokens) - task.sample_begin
 
 
 class TwinProposer(Proposer):
@@ -240,9 +248,10 @@ def test_what_the_fixed_loop_leaves_to_the_eager_one(monkeypatch):
     linear = random_model(MedusaConfig(num_heads=2))
     base_head = random_model(MedusaConfig(num_heads=2, heads_type="base_head"))
     options = medusa_whisper.MedusaDecodingOptions
-    assert decoder_for(linear, features, options()).num_heads == 2  # its heads propose inside the pass
-    assert decoder_for(linear, features, options(tree_width=2)).num_heads == 0  # a tree: from the host
-    assert decoder_for(block, features, options()).num_heads == 0
+    assert decoder_for(linear, features, options()).spec == DeviceSpec("medusa", 2, 1, 2)  # drafts in the pass
+    assert decoder_for(linear, features, options(tree_width=2)).spec == DeviceSpec("medusa", 2, 2, 4)
+    assert decoder_for(block, features, options()).proposer is None  # Medusa-Block drafts on the host
+    assert decoder_for(linear, features, options(mode="off")).proposer is None
     assert decoder_for(linear, features, options(mode="typical")) is None
     assert decoder_for(linear, features, options(lossy_ctc_entropy=0.5)) is None
     assert decoder_for(base_head, features, options(mode="off")) is None  # its logits go through head 0
@@ -267,7 +276,7 @@ def test_captured_graphs_equal_the_uncaptured_loop(dtype):
         features = model.embed_audio(mel_of(REAL)[None].cuda().to(dtype))
     results = []
     for capture in (False, True):
-        decoder = FixedDecoder(model, dtype, torch.device("cuda"), num_heads=1, capture=capture)
+        decoder = FixedDecoder(model, dtype, torch.device("cuda"), DeviceSpec("medusa", 1), capture=capture)
         for _ in range(2):  # the second window replays graphs captured in the first
             results.append(decoder.generate(task, features, list(task.initial_tokens), task.logit_filters,
                                             ProposerStats()))
@@ -281,7 +290,7 @@ def test_one_synchronisation_per_captured_pass():
     task = DecodingTask(model, options(fp16=True))
     with torch.no_grad():
         features = model.embed_audio(mel_of(REAL)[None].cuda().half())
-    decoder = FixedDecoder(model, torch.float16, torch.device("cuda"), num_heads=1)
+    decoder = FixedDecoder(model, torch.float16, torch.device("cuda"), DeviceSpec("medusa", 1))
     initial = list(task.initial_tokens)
     decoder.generate(task, features, initial, task.logit_filters, ProposerStats())  # captures
     torch.cuda.synchronize()

@@ -9,11 +9,17 @@ nowhere else: the proposers take plain values, and the draft-head modules only c
 - a draft head (``model.draft_head``): by its ``kind``, EAGLE, CTC, or the union of its parts;
 - Medusa heads (``model.medusa``): ``medusa.MedusaProposer``;
 - nothing, or ``mode="off"``: no proposer (plain greedy steps).
+
+On the fixed-shape step the same options build a proposer that drafts inside the pass
+(``device_spec``, then ``device_proposer``; ``drafting.device``) wherever one exists: Medusa-Linear
+heads, the EAGLE head, the CTC head and the two together. A draft model and Medusa-Block heads
+propose on the host there too.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 from torch import Tensor
@@ -24,6 +30,11 @@ from .ctc_proposer import CtcProposer
 from .draft_head import DraftHead
 from .draft_model import Drafter
 from .eagle import DEFAULT_TREE_NODES, EagleProposer
+from .device.base import DeviceProposer
+from .device.ctc import DeviceCtc, vocabulary_bytes
+from .device.eagle import DeviceEagle
+from .device.medusa import DeviceMedusa
+from .device.union import DeviceUnion
 from .medusa import MedusaProposer
 from ..options import MedusaDecodingOptions
 from .union import UnionProposer
@@ -74,3 +85,62 @@ def head_proposer(head: DraftHead, model, audio_features: Tensor, language: str,
                            timestamps=not options.without_timestamps, lossy_entropy=options.lossy_ctc_entropy,
                            setup_seconds=seconds)
     raise ValueError(f"no proposer for a draft head of kind {head.kind!r}")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What proposes inside the pass, as plain values (a key of the fixed decoders kept per model).
+
+    kind  : "medusa", "eagle", "ctc" or "ctc+eagle"
+    depth, width, nodes : the Medusa heads' or the EAGLE head's chain length or tree (0 for "ctc")
+    """
+
+    kind: str
+    depth: int = 0
+    width: int = 1
+    nodes: int = 0
+
+
+def device_spec(model, options: MedusaDecodingOptions, draft=None) -> Optional[DeviceSpec]:
+    """The in-pass proposer these options ask of ``model``, or None where there is none: plain
+    decoding, or a proposer that drafts on the host (a draft model, Medusa-Block heads)."""
+    if options.mode == "off" or draft is not None:
+        return None
+    head = getattr(model, "draft_head", None)
+    if head is not None:
+        kinds = sorted(part.kind for part in head.parts) if head.kind == "union" else [head.kind]
+        depth, width = options.draft_tokens, options.tree_width
+        nodes = options.tree_nodes or (depth if width == 1 else DEFAULT_TREE_NODES)
+        if kinds == ["eagle"]:
+            return DeviceSpec("eagle", depth, width, nodes)
+        if kinds == ["ctc"]:
+            return DeviceSpec("ctc")
+        if kinds == ["ctc", "eagle"]:
+            return DeviceSpec("ctc+eagle", depth, width, nodes)
+        return None
+    heads = getattr(model, "medusa", None)
+    if heads is None or heads.config.heads_type != "linear":
+        return None
+    num_heads = heads.num_heads if options.num_heads is None else min(heads.num_heads, options.num_heads)
+    if num_heads == 0:
+        return None
+    width = options.tree_width
+    return DeviceSpec("medusa", num_heads, width, options.tree_nodes or num_heads * width)
+
+
+def device_proposer(spec: DeviceSpec, model, step) -> DeviceProposer:
+    """The proposer ``spec`` describes, drafting on the buffers of ``step`` (a ``FixedStep``)."""
+    if spec.kind == "medusa":
+        return DeviceMedusa(model.medusa, step, spec.depth, spec.width, spec.nodes)
+    head = model.draft_head
+    parts = {part.kind: part for part in head.parts} if head.kind == "union" else {head.kind: head}
+    eagle = ctc = None
+    if "eagle" in spec.kind:
+        eagle = DeviceEagle(parts["eagle"], step, spec.depth, spec.width, spec.nodes)
+    if "ctc" in spec.kind:
+        tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
+        ctc = DeviceCtc(parts["ctc"], step, parts["ctc"].draft_settings(), tokenizer.eot, tokenizer.timestamp_begin,
+                        *vocabulary_bytes(tokenizer, model.dims.n_vocab))
+    if ctc is not None and eagle is not None:
+        return DeviceUnion(ctc, eagle)
+    return ctc if ctc is not None else eagle

@@ -9,7 +9,9 @@ model name with optional decoding options after a colon:
         base-eagle base-eagle:tree_width=3,draft_tokens=6 base-ctc@int8 --clips 40 --out bench_out/drafters_base
 
 ``NAME@TYPE`` loads the model at that compute type (int8, bfloat16); every system decodes the float32
-encoder's output, so only the decoders differ.
+encoder's output, so only the decoders differ. ``step=fixed`` (or ``eager``) among a system's options
+decodes it on that step (``MEDUSA_WHISPER_STEP``): on the fixed-shape step, the proposers that
+draft inside the pass (``drafting.device``) take the place of the host's.
 
 All systems must share one base model (their heads differ). Reports, per system: tokens per decoder
 pass, the share of passes whose depth-d candidate was accepted, identical output to whisper.decode,
@@ -19,7 +21,9 @@ decoder time against whisper.decode's (the ratio of summed seconds) and the prop
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -29,6 +33,7 @@ import whisper
 from tqdm import tqdm
 
 import medusa_whisper
+from medusa_whisper import fixed_decoding
 from medusa_whisper.audio import load_audio
 from medusa_whisper.weights import split_medusa_name
 from tools import ROOT
@@ -43,9 +48,24 @@ def parse_system(text: str) -> Tuple[str, Dict]:
         if not key or not value and key != "off":
             raise SystemExit(f"drafters_report: bad option {item!r} in {text!r} (want key=value)")
         options[key] = int(value) if value.lstrip("-").isdigit() else value
-    if "off" in options:
-        options = dict(mode="off")
+    if "off" in options:  # plain decoding (on the step asked for)
+        options = dict(mode="off", **{k: v for k, v in options.items() if k == "step"})
     return name, options
+
+
+@contextlib.contextmanager
+def on_step(choice):
+    """``MEDUSA_WHISPER_STEP`` = ``choice`` inside the block (None: as it is)."""
+    old = os.environ.get(fixed_decoding.STEP_ENV)
+    if choice is not None:
+        os.environ[fixed_decoding.STEP_ENV] = choice
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(fixed_decoding.STEP_ENV, None)
+        else:
+            os.environ[fixed_decoding.STEP_ENV] = old
 
 
 def main() -> None:
@@ -80,7 +100,9 @@ def main() -> None:
         warm = base.embed_audio(torch.zeros(1, base.dims.n_mels, 3000))[0]
         whisper.decode(base, warm, whisper.DecodingOptions(**common))
         for text, (name, options) in zip(args.systems, systems):
-            medusa_whisper.decode(models[name], warm, **common, **options)
+            options = dict(options)
+            with on_step(options.pop("step", None)):
+                medusa_whisper.decode(models[name], warm, **common, **options)
     for record in tqdm(records, desc="clips", unit="clip"):
         audio = load_audio(record["audio"])
         audio_seconds += len(audio) / 16000
@@ -91,8 +113,10 @@ def main() -> None:
         vanilla = whisper.decode(base, features, whisper.DecodingOptions(**common))
         vanilla_seconds += time.perf_counter() - began
         for text, (name, options) in zip(args.systems, systems):
+            options = dict(options)
             began = time.perf_counter()
-            r = medusa_whisper.decode(models[name], features, **common, **options)
+            with on_step(options.pop("step", None)):
+                r = medusa_whisper.decode(models[name], features, **common, **options)
             row = totals[text]
             row["seconds"] += time.perf_counter() - began
             row["tokens"] += r.tokens_produced

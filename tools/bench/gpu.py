@@ -192,9 +192,11 @@ def beam_rows(name: str, device: str, clips: List[Clip], fixed: str) -> List[Row
     return [theirs, eager, fixed_row]
 
 
-def transformers_rows(model_name: str, device: str, clips: List[Clip], compile_static: bool) -> List[Row]:
-    """transformers' generate on the clips of at most 30 s: eager with sdpa, and its static cache
-    compiled (the compilation happens in the warm-up and is reported as setup)."""
+def transformers_rows(model_name: str, device: str, clips: List[Clip], compile_mode: Optional[str] = None,
+                      eager: bool = True) -> List[Row]:
+    """transformers' generate on the clips of at most 30 s: eager with sdpa, and with ``compile_mode``
+    its static cache compiled by that mode (the compilation happens in the warm-up and is reported
+    as setup)."""
     short = [c for c in clips if c.seconds <= 30.0]
     try:
         import transformers
@@ -210,16 +212,16 @@ def transformers_rows(model_name: str, device: str, clips: List[Clip], compile_s
     n_mels = base.dims.n_mels
     transformers.logging.set_verbosity_error()
 
-    def make_for(static: bool):
+    def make_for(mode: Optional[str]):
         def make():
             hf = _to_transformers(base).to(device).eval()
             hf.config._attn_implementation = "sdpa"
             if device == "cuda":
                 hf = hf.half()
             extra = {}
-            if static:
+            if mode is not None:
                 hf.generation_config.cache_implementation = "static"
-                hf.forward = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+                hf.forward = torch.compile(hf.forward, mode=mode, fullgraph=True)
 
             def run(c: Clip) -> dict:
                 mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(c.audio)), n_mels)
@@ -232,14 +234,59 @@ def transformers_rows(model_name: str, device: str, clips: List[Clip], compile_s
             return run
         return make
     dtype = "float16" if device == "cuda" else "float32"
-    rows = [timed_rows("transformers generate (sdpa)", f"transformers {transformers.__version__}, {dtype}",
-                       device, short, make_for(False))]
-    if compile_static:
-        rows.append(timed_rows("transformers generate (static cache, compiled)",
-                               "cache_implementation=static, torch.compile reduce-overhead", device, short,
-                               make_for(True)))
+    rows = []
+    if eager:
+        rows.append(timed_rows("transformers generate (sdpa)", f"transformers {transformers.__version__}, {dtype}",
+                               device, short, make_for(None)))
+    if compile_mode is not None:
+        rows.append(timed_rows(f"transformers generate (static cache, compiled {compile_mode})",
+                               f"cache_implementation=static, torch.compile mode={compile_mode}", device, short,
+                               make_for(compile_mode)))
     for row in rows:
         row.short_only = True
+    return rows
+
+
+# transformers' static cache compiled, in this order: the first that runs is measured. A compiled
+# run once killed the process (a segmentation fault after inductor's cudagraph warnings), so each
+# runs in a child process of its own, and a death is reported as the row's error.
+COMPILE_MODES = ("reduce-overhead", "max-autotune-no-cudagraphs", "default")
+COMPILE_TIMEOUT_S = 240
+
+
+def _compiled_child(model_name: str, device: str, clips: List[Clip], mode: str, results) -> None:
+    row = transformers_rows(model_name, device, clips, compile_mode=mode, eager=False)[0]
+    results.put(asdict(row))
+
+
+def transformers_compiled_rows(model_name: str, device: str, clips: List[Clip]) -> List[Row]:
+    """One row per compile mode tried, up to the first that ran; a crash or a hang is its row's error."""
+    import multiprocessing
+    import queue
+    import signal
+
+    context = multiprocessing.get_context("spawn")  # a fresh CUDA context in the child
+    rows: List[Row] = []
+    for mode in COMPILE_MODES:
+        results = context.Queue()
+        child = context.Process(target=_compiled_child, args=(model_name, device, clips, mode, results))
+        began = time.perf_counter()
+        child.start()
+        try:
+            row = Row(**results.get(timeout=COMPILE_TIMEOUT_S))
+        except queue.Empty:
+            code = child.exitcode
+            how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else
+                   f"exit status {code}" if code is not None else f"no result in {COMPILE_TIMEOUT_S} s")
+            row = Row(f"transformers generate (static cache, compiled {mode})", short_only=True,
+                      error=f"the process died ({how}) after {time.perf_counter() - began:.0f} s")
+            print(f"{row.name}: {row.error}", flush=True)
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+        rows.append(row)
+        if not row.error:
+            break
     return rows
 
 
@@ -266,26 +313,41 @@ def kind_of(kernel: str) -> str:
     return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
 
 
+# what one pass is profiled for: label, the model name's suffix, decoding options, the step
+PROFILED = (("--mode off, eager step", "", dict(mode="off"), "eager"),
+            ("--mode off, CUDA graphs", "", dict(mode="off"), "auto"),
+            ("medusa, CUDA graphs", "-medusa", {}, "auto"),
+            ("ctc, CUDA graphs", "-ctc", {}, "auto"),
+            ("eagle chain of 2, CUDA graphs", "-eagle", dict(draft_tokens=2), "auto"),
+            ("eagle tree 3 x 8, CUDA graphs", "-eagle", dict(tree_width=3, tree_nodes=8), "auto"),
+            ("ctc+eagle, CUDA graphs", "-ctc+eagle", dict(draft_tokens=2), "auto"))
+
+
 def profile_pass(model_name: str, device: str, clip: Clip) -> Dict[str, dict]:
-    """Kernels, launches and host waits per decoder pass, eager step against the captured one, on one
-    30-s window of ``clip`` (the encoder excluded: its features are computed first)."""
+    """Kernels, launches and host waits per decoder pass on one 30-s window of ``clip`` (the encoder
+    excluded: its features are computed first): plain decoding on the eager step and captured, and
+    each proposer drafting inside the captured pass."""
     if device != "cuda":
         return {}
     import whisper
     from torch.profiler import ProfilerActivity, profile
 
-    model = medusa_whisper.load_model(model_name, device=device, compute_type="float16")
-    mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(clip.audio)), model.dims.n_mels)
-    with torch.no_grad():
-        features = model.embed_audio(mel[None].to(device).half())[0]
     out = {}
-    for choice in ("eager", "auto"):
-        with step(choice):
-            medusa_whisper.decode(model, features, language="en", mode="off")  # warm-up, capture
-            sync(device)
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                result = medusa_whisper.decode(model, features, language="en", mode="off")
+    for label, suffix, options, choice in PROFILED:
+        try:
+            model = medusa_whisper.load_model(model_name + suffix, device=device, compute_type="float16")
+            mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(clip.audio)), model.dims.n_mels)
+            with torch.no_grad():
+                features = model.embed_audio(mel[None].to(device).half())[0]
+            with step(choice):
+                medusa_whisper.decode(model, features, language="en", **options)  # warm-up, capture
                 sync(device)
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    result = medusa_whisper.decode(model, features, language="en", **options)
+                    sync(device)
+        except Exception as e:  # one profile's failure must not cost the others
+            out[label] = dict(error=f"{type(e).__name__}: {e}".splitlines()[0][:200])
+            continue
         passes = max(result.decoder_steps, 1)
         events = prof.key_averages()
         kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -293,15 +355,16 @@ def profile_pass(model_name: str, device: str, clip: Clip) -> Dict[str, dict]:
         for e in kernels:
             by_kind[kind_of(e.key)] = by_kind.get(kind_of(e.key), 0.0) + e.device_time_total / 1e3 / passes
         calls = {e.key: e.count for e in events}
-        out["eager" if choice == "eager" else "CUDA graphs"] = dict(
-            passes=passes, decode_ms_per_pass=result.decode_seconds * 1e3 / passes,
+        out[label] = dict(
+            passes=passes, tokens_per_pass=result.tokens_produced / passes,
+            decode_ms_per_pass=result.decode_seconds * 1e3 / passes,
             kernels_per_pass=sum(e.count for e in kernels) / passes,
             kernel_launches_per_pass=calls.get("cudaLaunchKernel", 0) / passes,
             graph_launches_per_pass=calls.get("cudaGraphLaunch", 0) / passes,
             host_waits_per_pass=sum(calls.get(k, 0) for k in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
                                                                 "cudaMemcpyAsync", "cudaMemcpy")) / passes,
             gpu_ms_per_pass_by_kind={k: round(v, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])})
-        print(choice, out, flush=True)
+        print(label, out[label], flush=True)
     return out
 
 
@@ -452,7 +515,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         ("", lambda: [whisper_row(name, device, clips)]),
         ("", lambda: [ours_row("ours --mode off, eager step", name, device, clips, "eager", mode="off")]),
         ("", lambda: [ours_row("ours --mode off, fixed step", name, device, clips, fixed, mode="off")])]
-    # Medusa-Linear chains propose inside the captured pass; the others on the host, verified by it
+    # every shipped proposer drafts inside the captured pass (drafting/device/)
     for suffix, options in (("-medusa", {}), ("-ctc", {}), ("-eagle", dict(draft_tokens=2)),
                             ("-eagle", dict(tree_width=3, tree_nodes=8)), ("-ctc+eagle", dict(draft_tokens=2))):
         label = f"{name}{suffix} lossless" + (f" ({', '.join(f'{k}={v}' for k, v in options.items())})"
@@ -466,7 +529,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     jobs.append(("beam", lambda: beam_rows(name, device, clips, fixed)))
     jobs.append(("inductor", lambda: [ours_row("ours --mode off, fixed step compiled", name, device, clips,
                                                "compiled", mode="off")]))
-    jobs.append(("transformers", lambda: transformers_rows(name, device, clips, compile_static="compile" not in skip)))
+    jobs.append(("transformers", lambda: transformers_rows(name, device, clips)))
+    jobs.append(("compile", lambda: transformers_compiled_rows(name, device, clips)))
     rows: List[Row] = [faster_whisper_row(device)]
     long_rows: List[Row] = []
     extra = dict(profile={}, capture={})
@@ -479,6 +543,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     for group, job in jobs[:3]:
         rows[-1:-1] = job()  # faster-whisper's line stays last
     save()
+    for group, job in jobs[3:]:  # the proposers next: what the GPU issue is about
+        if group == "proposers" and group not in skip:
+            rows[-1:-1] = job()
+            save()
     if "profile" not in skip:
         extra["profile"] = profile_pass(name, device, max(clips, key=lambda c: c.seconds))
     extra["capture"] = capture_seconds(name, device, clips[0])
@@ -489,7 +557,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       ours_row("ours --mode off, fixed step, long", name, device, recording * 2, fixed, mode="off")]
         save()
     for group, job in jobs[3:]:
-        if group not in skip:
+        if group not in skip and group != "proposers":
             rows[-1:-1] = job()
             save()
     report = summarise(rows, long_rows, clips, info, extra["profile"], extra["capture"])
@@ -560,13 +628,16 @@ def markdown(report: dict) -> str:
     for r in report["long"]:
         lines.append(f"\nLong recording, {r['name']}: {r['seconds'] / 2:.2f} s per run {r['error']}")
     if report["profile"]:
-        lines += ["", "| one decoder pass | ms per pass | kernels | kernel launches | graph launches | host waits | "
-                  "GPU ms by kind |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "| one window, per pass | ms per pass | tokens per pass | kernels | kernel launches | "
+                  "graph launches | host waits | GPU ms by kind |", "|---|---|---|---|---|---|---|---|"]
         for label, p in report["profile"].items():
+            if "error" in p:
+                lines.append(f"| {label} | | | | | | | {p['error']} |")
+                continue
             kinds = ", ".join(f"{k} {v:.3f}" for k, v in p["gpu_ms_per_pass_by_kind"].items())
-            lines.append(f"| {label} | {p['decode_ms_per_pass']:.3f} | {p['kernels_per_pass']:.0f} | "
-                         f"{p['kernel_launches_per_pass']:.1f} | {p['graph_launches_per_pass']:.2f} | "
-                         f"{p['host_waits_per_pass']:.2f} | {kinds} |")
+            lines.append(f"| {label} | {p['decode_ms_per_pass']:.3f} | {p.get('tokens_per_pass', 1.0):.2f} | "
+                         f"{p['kernels_per_pass']:.0f} | {p['kernel_launches_per_pass']:.1f} | "
+                         f"{p['graph_launches_per_pass']:.2f} | {p['host_waits_per_pass']:.2f} | {kinds} |")
     c = report["capture"]
     if c:
         lines.append(f"\nFixed-shape decoder: first window {c['first_window_s']:.3f} s, second "
