@@ -56,6 +56,7 @@ from .step import FixedStep, supports as step_supports
 MAX_NODES = 64  # the largest candidate tree a pass verifies (more nodes are left out)
 COST_CONTEXT = 60  # cached tokens before the rows ``row_costs`` times: about the middle of a window's text
 COST_ROUNDS = 3  # rounds of ``row_costs``; each rows count's fastest counts
+PASSES_PER_READ = 4  # on CUDA: passes replayed back to back before the host reads them
 STEP_ENV = "MEDUSA_WHISPER_STEP"
 STEP_CHOICES = ("auto", "fixed", "compiled", "eager")
 
@@ -74,14 +75,14 @@ def wanted(device: torch.device) -> bool:
 
 
 def program(run: Callable[[], None], device: torch.device, state: Sequence[Tensor],
-            graphs: List["torch.cuda.CUDAGraph"]) -> Callable[[], None]:
+            graphs: List["torch.cuda.CUDAGraph"], compile: bool = True) -> Callable[[], None]:
     """A pass as what the decoding calls each time: ``run`` compiled by inductor first when
-    ``MEDUSA_WHISPER_STEP=compiled`` (fewer, fused kernels; the first call compiles), then on CUDA
-    captured as a CUDA graph (its replay). The warm-up runs the pass for real, so ``state`` (what a
-    pass advances) is put back afterwards; the cache slots it writes are at or after the pending
-    token's, which the next pass writes again before any row reads them. The graph is appended to
-    ``graphs``, which keep it alive."""
-    if step_choice() == "compiled":
+    ``MEDUSA_WHISPER_STEP=compiled`` and ``compile`` (fewer, fused kernels; the first call
+    compiles), then on CUDA captured as a CUDA graph (its replay). The warm-up runs the pass for
+    real, so ``state`` (what a pass advances) is put back afterwards; the cache slots it writes are
+    at or after the pending token's, which the next pass writes again before any row reads them.
+    The graph is appended to ``graphs``, which keep it alive."""
+    if compile and step_choice() == "compiled":
         run = torch.compile(run, fullgraph=True, dynamic=False)
     if device.type != "cuda":
         return run
@@ -126,6 +127,17 @@ def supported(model, options) -> bool:
     return not (heads is not None and heads.has_base_head) and step_supports(model)
 
 
+@dataclass
+class Verdict:
+    """What one pass gave the host: the tokens it commits (accepted candidates, then the verifier's
+    own), their log-probabilities, the candidates it verified and how many it accepted."""
+
+    tokens: List[float]
+    logprobs: List[float]
+    proposed: int
+    accepted: int
+
+
 class FixedDecoder:
     """The fixed-shape decoding of one model on one device, reused window after window.
 
@@ -154,6 +166,10 @@ class FixedDecoder:
         self.kept: Dict[int, Tensor] = {}  # nodes -> the states at the pending token and the accepted path
         self.staging: Dict[int, Tensor] = {}  # nodes -> the packed tree on the host (pinned on CUDA)
         self.host_reads = 0  # copies from the device the loop waited for (tests count them)
+        # passes run before the host reads what they gave: on CUDA the host's wait and copy then
+        # come once per group; on the CPU the passes run as they are called anyway
+        self.passes_per_read = PASSES_PER_READ if self.capture else 1
+        self.rings: Dict[tuple, Tensor] = {}  # (output buffer, group) -> the group's outputs
         self.proposer: Optional[DeviceProposer] = None if spec is None else device_proposer(spec, model, self.step)
         if self.proposer is not None and self.proposer.cost_rows:
             self.proposer.set_row_costs(self.row_costs(self.proposer.cost_rows))
@@ -272,30 +288,36 @@ class FixedDecoder:
         self.host_reads += 1
         return out.tolist()
 
-    @torch.no_grad()
     def row_costs(self, rows: Sequence[int]) -> Tuple[float, ...]:
-        """What a pass over each of ``rows`` rows costs relative to one over ``rows[0]``: this step's
-        own passes after COST_CONTEXT tokens, on CUDA captured as graphs, timed on this device (the
-        fastest of COST_ROUNDS interleaved rounds). Its keys and values land in slots that every
-        window writes before reading."""
+        """What a pass over each of ``rows`` rows costs relative to one over ``rows[0]`` (``pass_seconds``)."""
+        seconds = self.pass_seconds(rows)
+        return tuple(round(seconds[n] / seconds[rows[0]], 3) for n in rows)
+
+    @torch.no_grad()
+    def pass_seconds(self, rows: Sequence[int], rounds: int = COST_ROUNDS) -> Dict[int, float]:
+        """Seconds of this step's pass (decoder and vocabulary) over each of ``rows`` rows after
+        COST_CONTEXT tokens, on CUDA captured as graphs (not compiled), timed on this device: the
+        fastest of ``rounds`` interleaved rounds. Its keys and values land in slots that every window
+        writes before reading."""
         step = self.step
         tokens = torch.zeros(1, max(rows), dtype=torch.long, device=self.device)
-        positions = COST_CONTEXT + self.node_index[:max(rows)][None].clamp(max=step.n_ctx - 1 - COST_CONTEXT)
+        positions = COST_CONTEXT + torch.arange(max(rows), device=self.device)[None].clamp(
+            max=step.n_ctx - 1 - COST_CONTEXT)
         runs, graphs = {}, []  # the timing's graphs are freed with it
         for n in rows:
             run = lambda n=n: step.logits(step(tokens[:, :n], positions[:, :n]))  # noqa: E731
-            runs[n] = program(run, self.device, [], graphs) if self.capture else run
+            runs[n] = program(run, self.device, [], graphs, compile=False) if self.capture else run
         timings = {n: float("inf") for n in rows}
         for n in rows:  # the first pass of a shape may choose kernels or allocate: untimed
             runs[n]()
-        for _ in range(COST_ROUNDS):
+        for _ in range(rounds):
             for n in rows:
                 _synchronize(self.device)
                 began = time.perf_counter()
                 runs[n]()
                 _synchronize(self.device)
                 timings[n] = min(timings[n], time.perf_counter() - began)
-        return tuple(round(timings[n] / timings[rows[0]], 3) for n in rows)
+        return timings
 
     # ------------------------------------------------------------------ one window on the host
 
@@ -340,23 +362,26 @@ class FixedDecoder:
             if proposer is not None:
                 tree = proposer.propose().truncated(max(room, 0))
                 emitted, logprobs, commit = self._verify_tree(tree, rules, tokens)
-                proposed = accepted = 0  # counted by the proposer's own commit
+                verdicts = [Verdict(emitted, logprobs, 0, 0)]  # counted by the proposer's own commit
             else:
                 shape = self._shape(room, len(tokens)) if drafting else None
                 drafting = shape is not None  # once nothing fits, the window ends with plain passes
-                emitted, logprobs, proposed, accepted = self._verify(shape, rules)
+                verdicts = self._verify(shape, rules, self._group(shape, room, len(tokens)))
                 commit = None
-            steps += 1
-            kept = 0
-            for token, logprob in zip(emitted, logprobs):
-                tokens.append(int(token))
-                sum_logprob += logprob
-                kept += 1
-                if token == eot or len(tokens) >= limit:
-                    break
+            for verdict in verdicts:
+                if tokens[-1] == eot or len(tokens) >= limit:
+                    break  # the window ended in an earlier pass of the group: the rest ran for nothing
+                steps += 1
+                kept = 0
+                for token, logprob in zip(verdict.tokens, verdict.logprobs):
+                    tokens.append(int(token))
+                    sum_logprob += logprob
+                    kept += 1
+                    if token == eot or len(tokens) >= limit:
+                        break
+                _count(stats, verdict.proposed, min(verdict.accepted, kept))
             if commit is not None and tokens[-1] != eot and len(tokens) < limit:
                 proposer.commit(commit)
-            _count(stats, proposed, min(accepted, kept))
         return Generation(tokens, sum_logprob, no_speech_prob, steps)
 
     def _shape(self, room: int, length: int) -> Optional[Shape]:
@@ -366,31 +391,55 @@ class FixedDecoder:
             return None
         return shape
 
-    def _verify(self, shape: Optional[Shape], rules: DeviceRules) -> Tuple[List[float], List[float], int, int]:
-        """One pass over the in-pass proposer's proposal of ``shape`` (None: a plain pass without it):
-        the tokens it gives (accepted candidates, then the verifier's own), their log-probabilities,
-        how many candidates were verified and how many accepted."""
+    def _group(self, shape: Optional[Shape], room: int, length: int) -> int:
+        """How many passes of ``shape`` run before the host reads what they gave: ``passes_per_read``
+        where every one of them fits whatever the earlier ones accept (each advances at most
+        depth + 1 tokens), else one. Passes after the window's end are harmless (it is over) and
+        read for nothing."""
+        group = self.passes_per_read
+        if group <= 1:
+            return 1
+        depth = self.proposer.depth(shape) if shape is not None else 0
+        nodes = self.proposer.nodes(shape) if shape is not None else 0
+        growth = (group - 1) * (depth + 1)
+        if room - growth < depth or length + growth + max(depth, nodes) + 1 > self.step.n_ctx:
+            return 1
+        return group
+
+    def _verify(self, shape: Optional[Shape], rules: DeviceRules, group: int = 1) -> List["Verdict"]:
+        """``group`` passes over the in-pass proposer's proposals of ``shape`` (None: plain passes
+        without it), read by the host once: per pass, the tokens it gives (accepted candidates, then
+        the verifier's own), their log-probabilities, how many candidates were verified and how many
+        accepted."""
         drafting = shape is not None
-        if drafting and self.proposer.is_tree(shape) and self.proposer.nodes(shape):
-            nodes = self.proposer.nodes(shape)
-            run, out = self._tree_program(nodes, rules, True, shape)
+        tree = drafting and self.proposer.is_tree(shape) and self.proposer.nodes(shape) > 0
+        k = self.proposer.nodes(shape) if drafting else 0
+        run, out = self._tree_program(k, rules, True, shape) if tree else self._program(k + 1, rules, drafting, shape)
+        if group == 1:
             run()
-            values = self._read(out)
-            rows = nodes + 1
-            accepted = int(values[1])
-            emitted, logprobs = values[2:3 + accepted], values[2 + rows:3 + rows + accepted]
-            proposed = int(values[-1])
-        else:
-            k = self.proposer.nodes(shape) if drafting else 0
-            run, out = self._program(k + 1, rules, drafting, shape)
-            run()
-            values = self._read(out)
-            accepted = int(values[0])
-            emitted, logprobs = values[1:2 + accepted], values[2 + k:3 + k + accepted]
-            proposed = k
-        if drafting:
-            self.proposer.observe(shape, accepted)
-        return emitted, logprobs, proposed, accepted
+            passes = [self._read(out)]
+        else:  # each pass's output copied aside on the device, all of them read at once
+            ring = self.rings.get((id(out), group))
+            if ring is None:
+                ring = self.rings[id(out), group] = torch.zeros(group, out.numel(), dtype=out.dtype, device=self.device)
+            for i in range(group):
+                run()
+                ring[i].copy_(out)
+            passes = self._read(ring)
+        verdicts = []
+        rows = k + 1
+        for values in passes:
+            if tree:  # deepest node, accepted, greedy and log-probabilities per row, ..., valid nodes
+                accepted = int(values[1])
+                verdict = Verdict(values[2:3 + accepted], values[2 + rows:3 + rows + accepted], int(values[-1]),
+                                  accepted)
+            else:  # accepted, greedy and log-probabilities per row
+                accepted = int(values[0])
+                verdict = Verdict(values[1:2 + accepted], values[2 + k:3 + k + accepted], k, accepted)
+            if drafting:
+                self.proposer.observe(shape, accepted)
+            verdicts.append(verdict)
+        return verdicts
 
     def _verify_tree(self, tree: CandidateTree, rules: DeviceRules,
                      tokens: List[int]) -> Tuple[List[float], List[float], Committed]:

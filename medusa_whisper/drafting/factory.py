@@ -26,7 +26,7 @@ from torch import Tensor
 from whisper.tokenizer import get_tokenizer
 
 from .base import Proposer
-from .ctc_proposer import CtcProposer
+from .ctc_proposer import CtcProposer, DraftSettings
 from .draft_head import DraftHead
 from .draft_model import Drafter
 from .eagle import DEFAULT_TREE_NODES, EagleProposer
@@ -93,12 +93,14 @@ class DeviceSpec:
 
     kind  : "medusa", "eagle", "ctc" or "ctc+eagle"
     depth, width, nodes : the Medusa heads' or the EAGLE head's chain length or tree (0 for "ctc")
+    ctc   : the CTC head's settings (its ``decoding``; machine costs are measured where it runs)
     """
 
     kind: str
     depth: int = 0
     width: int = 1
     nodes: int = 0
+    ctc: Optional[DraftSettings] = None
 
 
 def device_spec(model, options: MedusaDecodingOptions, draft=None) -> Optional[DeviceSpec]:
@@ -111,12 +113,14 @@ def device_spec(model, options: MedusaDecodingOptions, draft=None) -> Optional[D
         kinds = sorted(part.kind for part in head.parts) if head.kind == "union" else [head.kind]
         depth, width = options.draft_tokens, options.tree_width
         nodes = options.tree_nodes or (depth if width == 1 else DEFAULT_TREE_NODES)
+        ctc = next((part for part in getattr(head, "parts", [head]) if part.kind == "ctc"), None)
+        settings = None if ctc is None else ctc.draft_settings()
         if kinds == ["eagle"]:
             return DeviceSpec("eagle", depth, width, nodes)
         if kinds == ["ctc"]:
-            return DeviceSpec("ctc")
+            return DeviceSpec("ctc", ctc=settings)
         if kinds == ["ctc", "eagle"]:
-            return DeviceSpec("ctc+eagle", depth, width, nodes)
+            return DeviceSpec("ctc+eagle", depth, width, nodes, ctc=settings)
         return None
     heads = getattr(model, "medusa", None)
     if heads is None or heads.config.heads_type != "linear":
@@ -139,7 +143,7 @@ def device_proposer(spec: DeviceSpec, model, step) -> DeviceProposer:
         eagle = DeviceEagle(parts["eagle"], step, spec.depth, spec.width, spec.nodes)
     if "ctc" in spec.kind:
         tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
-        ctc = DeviceCtc(parts["ctc"], step, parts["ctc"].draft_settings(), tokenizer.eot, tokenizer.timestamp_begin,
+        ctc = DeviceCtc(parts["ctc"], step, spec.ctc, tokenizer.eot, tokenizer.timestamp_begin,
                         *vocabulary_bytes(tokenizer, model.dims.n_vocab))
     if ctc is not None and eagle is not None:
         return DeviceUnion(ctc, eagle)

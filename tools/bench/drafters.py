@@ -11,7 +11,8 @@ model name with optional decoding options after a colon:
 ``NAME@TYPE`` loads the model at that compute type (int8, bfloat16); every system decodes the float32
 encoder's output, so only the decoders differ. ``step=fixed`` (or ``eager``) among a system's options
 decodes it on that step (``MEDUSA_WHISPER_STEP``): on the fixed-shape step, the proposers that
-draft inside the pass (``drafting.device``) take the place of the host's.
+draft inside the pass (``drafting.device``) take the place of the host's. ``chunk=N`` makes a CTC
+head draft N tokens every pass (its ``fixed_chunk``), as flat pass costs (a GPU's) would choose.
 
 All systems must share one base model (their heads differ). Reports, per system: tokens per decoder
 pass, the share of passes whose depth-d candidate was accepted, identical output to whisper.decode,
@@ -68,6 +69,23 @@ def on_step(choice):
             os.environ[fixed_decoding.STEP_ENV] = old
 
 
+@contextlib.contextmanager
+def ctc_chunk(model, chunk):
+    """The model's CTC head (alone or in a union) drafting ``chunk`` tokens every pass inside the
+    block (None: as its settings say)."""
+    head = getattr(model, "draft_head", None)
+    parts = [] if head is None or chunk is None else list(head.parts) if head.kind == "union" else [head]
+    heads = [part for part in parts if part.kind == "ctc"]
+    saved = [part.config.decoding for part in heads]
+    for part in heads:
+        part.config.decoding = dict(part.config.decoding, fixed_chunk=chunk)
+    try:
+        yield
+    finally:
+        for part, decoding in zip(heads, saved):
+            part.config.decoding = decoding
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--systems", nargs="+", required=True, help="NAME[:key=value,...] (NAME:off for mode off)")
@@ -101,7 +119,7 @@ def main() -> None:
         whisper.decode(base, warm, whisper.DecodingOptions(**common))
         for text, (name, options) in zip(args.systems, systems):
             options = dict(options)
-            with on_step(options.pop("step", None)):
+            with on_step(options.pop("step", None)), ctc_chunk(models[name], options.pop("chunk", None)):
                 medusa_whisper.decode(models[name], warm, **common, **options)
     for record in tqdm(records, desc="clips", unit="clip"):
         audio = load_audio(record["audio"])
@@ -115,7 +133,7 @@ def main() -> None:
         for text, (name, options) in zip(args.systems, systems):
             options = dict(options)
             began = time.perf_counter()
-            with on_step(options.pop("step", None)):
+            with on_step(options.pop("step", None)), ctc_chunk(models[name], options.pop("chunk", None)):
                 r = medusa_whisper.decode(models[name], features, **common, **options)
             row = totals[text]
             row["seconds"] += time.perf_counter() - began

@@ -46,16 +46,21 @@ SIZES = (0, 1, 2, 4, 8, 16)  # chunk lengths a pass may verify: each is a captur
 MATCH = 3  # committed tokens compared with the draft when realigning
 BEHIND, AHEAD = 2, 8  # draft positions searched around the pointer
 NEAR = 2  # a match of one token counts this close to the pointer only
+BRANCH = 4  # most nodes of the second branch (the verifier's own tokens after a refusal)
 PAD = MATCH + BEHIND + 1  # never-matching tokens before the draft, so that every search reads inside the buffer
 FAR = 1 << 20  # a byte offset past any draft's end
 
 
 class Chunk(NamedTuple):
     """The shape of a CTC proposal: ``length`` draft tokens, and with ``branch`` the verifier's own
-    tokens from the last pass as a second branch of as many nodes."""
+    tokens from the last pass as a second branch (``branch_nodes``)."""
 
     length: int
     branch: bool = False
+
+    @property
+    def branch_nodes(self) -> int:
+        return min(self.length, BRANCH) if self.branch else 0
 
 
 class DeviceCtc(DeviceProposer):
@@ -152,7 +157,7 @@ class DeviceCtc(DeviceProposer):
         return shape.branch
 
     def nodes(self, shape: Chunk) -> int:
-        return shape.length * (2 if shape.branch else 1)
+        return shape.length + shape.branch_nodes
 
     def depth(self, shape: Chunk) -> int:
         return shape.length
@@ -181,11 +186,12 @@ class DeviceCtc(DeviceProposer):
         chain = index - 1
         if not shape.branch:
             return chunk, chain, torch.ones_like(index, dtype=torch.bool)
-        guesses, guessed = self.guesses[0, :k], self.guessed[0, :k]
-        shared = ((guesses == chunk) & guessed).long().cumprod(dim=0).sum()
-        parents = torch.where(index <= shared, index - 1, k + index - 1)
+        b = shape.branch_nodes
+        guesses, guessed, ahead = self.guesses[0, :b], self.guessed[0, :b], index[:b]
+        shared = ((guesses == chunk[:b]) & guessed).long().cumprod(dim=0).sum()
+        parents = torch.where(ahead <= shared, ahead - 1, k + ahead - 1)
         return (torch.cat([chunk, guesses]), torch.cat([chain, parents]),
-                torch.cat([torch.ones_like(guessed), guessed & (index >= shared)]))
+                torch.cat([torch.ones_like(index, dtype=torch.bool), guessed & (ahead >= shared)]))
 
     # ------------------------------------------------------------------ the pass
 
@@ -243,20 +249,23 @@ class DeviceCtc(DeviceProposer):
         if shape is None or not shape.length or not self.settings.jacobi:
             self.guessed.zero_()
             return
-        k = shape.length
+        k, b = shape.length, shape.branch_nodes
         index = self.index[:k]
         rows = 1 + index  # the chunk's nodes' rows
-        if shape.branch:
-            guesses, guessed = self.guesses[:, :k], self.guessed[:, :k]
-            shared = ((guesses == self.chunk[:, :k]) & guessed).long().cumprod(dim=-1).sum(dim=-1)
-            along = ((new == guesses) & guessed & accepted).long().cumprod(dim=-1).sum(dim=-1)
-            branch_rows = torch.where(index < shared[:, None], 1 + index, 1 + k + index)  # (1, k)
+        limit = torch.full_like(matched, k)  # nodes on the branch followed
+        if b:
+            guesses, guessed = self.guesses[:, :b], self.guessed[:, :b]
+            shared = ((guesses == self.chunk[:, :b]) & guessed).long().cumprod(dim=-1).sum(dim=-1)
+            along = ((new[:, :b] == guesses) & guessed & accepted[:, :b]).long().cumprod(dim=-1).sum(dim=-1)
+            # the branch's nodes' rows: the chunk's own where they share it, then their own
+            branch_rows = torch.where(index < shared[:, None], 1 + index, 1 + k + index).clamp(max=k + b)
             further = along > matched
             rows = torch.where(further[:, None], branch_rows, rows)
             matched = torch.where(further, along, matched)
+            limit = torch.where(further, b, limit)
         after = (matched[:, None] + index).clamp(max=k - 1)  # the nodes from the first refused one on
         self.guesses[:, :k].copy_(greedy.gather(1, rows.expand(1, -1).gather(1, after)))
-        self.guessed[:, :k].copy_(matched[:, None] + index < k)
+        self.guessed[:, :k].copy_(matched[:, None] + index < limit[:, None])
         self.guessed[:, k:].zero_()
 
 
