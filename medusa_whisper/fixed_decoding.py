@@ -51,14 +51,16 @@ from .drafting.factory import DeviceSpec, device_proposer, device_spec
 from .drafting.tree import CandidateTree
 from .drafting.tree_layout import TreeLayout
 from .logit_rules import DeviceRules, RuleSettings
+from .cpu_step import CpuStep
 from .step import FixedStep, supports as step_supports
+from .together import rows_together
 
 MAX_NODES = 64  # the largest candidate tree a pass verifies (more nodes are left out)
 COST_CONTEXT = 60  # cached tokens before the rows ``row_costs`` times: about the middle of a window's text
 COST_ROUNDS = 3  # rounds of ``row_costs``; each rows count's fastest counts
 PASSES_PER_READ = 4  # on CUDA: passes replayed back to back before the host reads them
 STEP_ENV = "MEDUSA_WHISPER_STEP"
-STEP_CHOICES = ("auto", "fixed", "compiled", "eager")
+STEP_CHOICES = ("auto", "fixed", "compiled", "cpu", "eager")
 
 
 def step_choice() -> str:
@@ -72,6 +74,15 @@ def wanted(device: torch.device) -> bool:
     """Whether decoding on ``device`` should take the fixed-shape step (where it can)."""
     choice = step_choice()
     return choice in ("fixed", "compiled") or (choice == "auto" and device.type == "cuda")
+
+
+def products_for(device: torch.device) -> Optional[str]:
+    """The products the fixed loop decodes a window with on ``device``: "fixed" (the fixed-shape
+    step: CUDA, or ``MEDUSA_WHISPER_STEP`` fixed or compiled), "cpu" (the CPU's own products under
+    the same loop, ``cpu_step.CpuStep``: ``MEDUSA_WHISPER_STEP=cpu``), or None for the eager loop."""
+    if step_choice() == "cpu" and device.type == "cpu":
+        return "cpu"
+    return "fixed" if wanted(device) else None
 
 
 def program(run: Callable[[], None], device: torch.device, state: Sequence[Tensor],
@@ -147,9 +158,14 @@ class FixedDecoder:
     """
 
     def __init__(self, model, residual: torch.dtype, device: torch.device, spec: Optional[DeviceSpec] = None,
-                 capture: Optional[bool] = None):
+                 capture: Optional[bool] = None, products: str = "fixed"):
         self.device = torch.device(device)
-        self.step = FixedStep(model, 1, residual, self.device)
+        if products not in ("fixed", "cpu"):
+            raise ValueError(f"products must be 'fixed' or 'cpu', not {products!r}")
+        # the step's products: the fixed-shape ones (dense, every slot: what CUDA captures), or the
+        # CPU's (its compute type's kernels, row-invariant attention over the written slots)
+        self.step = FixedStep(model, 1, residual, self.device) if products == "fixed" else CpuStep(
+            model, residual, self.device)
         self.spec = spec
         self.capture = self.device.type == "cuda" if capture is None else capture
         if self.capture and self.device.type != "cuda":
@@ -243,8 +259,7 @@ class FixedDecoder:
         deepest = reach.argmax().reshape(1)
         path = layout.paths.index_select(0, deepest)[0]  # the accepted nodes in depth order, then unused
         path_rows = torch.cat([torch.zeros_like(accepted), 1 + path])  # (rows,)
-        for cache in (step.keys, step.values):  # the accepted nodes' slots follow the pending token's
-            cache.index_copy_(3, length + arange, cache.index_select(3, length + path))
+        step.move_slots(length + arange, length + path)  # the accepted nodes' slots follow the pending token's
         self.history.scatter_(1, (length + self.node_index[:rows])[None], greedy[path_rows][None])
         if drafting:  # rows past the deepest path are never committed
             depth = self.proposer.depth(shape)
@@ -488,11 +503,15 @@ class FixedDecoder:
         self.history.zero_()
         self.history[0, :n] = torch.tensor(initial, device=self.device)
         positions = torch.arange(n, device=self.device)[None]
-        hidden = self.step(self.history[:, :n], positions)
-        logits = self.step.logits(hidden[:, [sot_index, n - 1]])
-        speech = logits[:, 0].softmax(dim=-1)[:, no_speech] if no_speech is not None else logits.new_zeros(1)
-        prediction = logits[:, 1].argmax(dim=-1)
-        last = rules.apply(logits[:, 1:], self.history, positions[:, -1:] + 1)
+        with rows_together():  # a window's prompt, computed alone in every way of decoding it
+            hidden = self.step(self.history[:, :n], positions)
+        # each row alone, as the eager loop projects them (a compute type's projection may round
+        # two rows otherwise than one)
+        first = self.step.logits(hidden[:, sot_index:sot_index + 1])
+        last = self.step.logits(hidden[:, n - 1:n])
+        speech = first[:, 0].softmax(dim=-1)[:, no_speech] if no_speech is not None else first.new_zeros(1)
+        prediction = last[:, 0].argmax(dim=-1)
+        last = rules.apply(last, self.history, positions[:, -1:] + 1)
         greedy = last.argmax(dim=-1)  # (1, 1)
         logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
         self.history[:, n] = greedy[:, 0]
@@ -520,13 +539,14 @@ def decoder_for(model, audio_features: Tensor, options, draft=None) -> Optional[
     model), or None where the eager loop must decode (``wanted``, ``supported``). Its ``proposer``
     drafts inside the pass where one exists for these options (``drafting.factory.device_spec``);
     else the caller hands ``generate`` a host proposer, if any."""
-    if not (wanted(audio_features.device) and supported(model, options)):
+    products = products_for(audio_features.device)
+    if products is None or not supported(model, options):
         return None
     spec = device_spec(model, options, draft)
     key = (audio_features.device, audio_features.dtype, spec, step_choice())
     decoders = model.__dict__.setdefault("fixed_decoders", {})  # not a submodule: no state-dict entries
     if key not in decoders:
-        decoders[key] = FixedDecoder(model, audio_features.dtype, audio_features.device, spec)
+        decoders[key] = FixedDecoder(model, audio_features.dtype, audio_features.device, spec, products=products)
     return decoders[key]
 
 

@@ -48,8 +48,9 @@ LAYERS: Tuple[Layer, ...] = (
                            "decoder's projection for its compute type)",
           ("medusa_whisper.compute",)),
     Layer("decoder and heads", "whisper's decoder run with explicit positions, cache slots and masks, and as one "
-                               "fixed-shape step for CUDA graphs; the Medusa head modules",
-          ("medusa_whisper.decoder", "medusa_whisper.step", "medusa_whisper.heads")),
+                               "fixed-shape step for CUDA graphs (with the CPU's products behind the same calls: "
+                               "cpu_step); the Medusa head modules",
+          ("medusa_whisper.decoder", "medusa_whisper.step", "medusa_whisper.cpu_step", "medusa_whisper.heads")),
     Layer("drafters", "draft head modules, the proposers (on the host, and inside the fixed-shape pass: "
                       "drafting.device), and the one factory that builds a proposer from the options; draft_head "
                       "loads eagle/ctc/union by name (importlib), unseen by ast",

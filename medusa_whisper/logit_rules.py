@@ -84,9 +84,8 @@ class DeviceRules:
         if self.timestamps:
             begin = settings.timestamp_begin
             self.begin = begin
-            self.is_timestamp = vocab >= begin
-            self.is_text = vocab < settings.eot  # what may not follow a lone timestamp
-            self.before_timestamps = vocab < begin
+            self.eot = settings.eot  # the text is what comes before it: it may not follow a lone timestamp
+            self.stamp_index = vocab[begin:] - begin  # the timestamps, counted from the first
             if settings.max_initial is not None:
                 self.last_initial = torch.zeros(batch, dtype=torch.long, device=device)
         self.settings: List[Optional[RuleSettings]] = [None] * batch
@@ -139,30 +138,34 @@ class DeviceRules:
 
     def _timestamp_rules(self, logits: Tensor, history: Tensor, lengths: Tensor, sampled: Tensor,
                          first: Tensor, sample_begin: Tensor, last_initial: Optional[Tensor]) -> None:
-        """ApplyTimestampRules.apply, for every row at once."""
+        """ApplyTimestampRules.apply, for every row at once. Each rule masks a contiguous range of the
+        vocabulary (the timestamps from ``begin``, the text before ``eot``, everything before the
+        timestamps), so it fills a view of that range under a per-row condition, rather than the
+        whole vocabulary under a (rows, n_vocab) mask."""
         begin = self.begin
+        stamps = logits[..., begin:]  # (batch, rows, timestamps): views, filled in place
+        before = logits[..., :begin]
         last = history.gather(1, (lengths - 1).clamp(min=0))
         penultimate = history.gather(1, (lengths - 2).clamp(min=0))
         last_was = (sampled >= 1) & (last >= begin)
         penultimate_was = (sampled < 2) | (penultimate >= begin)
         # timestamps come in pairs, except directly before end-of-text
-        logits.masked_fill_((last_was & penultimate_was)[..., None] & self.is_timestamp, NEG_INF)
-        logits.masked_fill_((last_was & ~penultimate_was)[..., None] & self.is_text, NEG_INF)
+        stamps.masked_fill_((last_was & penultimate_was)[..., None], NEG_INF)
+        logits[..., :self.eot].masked_fill_((last_was & ~penultimate_was)[..., None], NEG_INF)
         # no timestamp before the last one sampled (nor equal to it, unless it opens a pair)
         slots = torch.arange(history.shape[1], device=history.device)
         in_sample = (slots >= sample_begin[..., None]) & (slots < lengths[..., None])  # (batch, rows, n)
         is_stamp = in_sample & (history[:, None, :] >= begin)
         latest = torch.where(is_stamp, slots, -1).amax(dim=-1)  # index of the last sampled timestamp
         stamp = history.gather(1, latest.clamp(min=0))
-        bound = stamp + (~(last_was & ~penultimate_was)).long()
-        below = self.is_timestamp & (self.vocab < bound[..., None])
-        logits.masked_fill_((latest >= 0)[..., None] & below, NEG_INF)
+        bound = stamp + (~(last_was & ~penultimate_was)).long() - begin  # first allowed, counted from begin
+        stamps.masked_fill_((latest >= 0)[..., None] & (self.stamp_index < bound[..., None]), NEG_INF)
         # the first sampled token is a timestamp, at most max_initial after the start
-        logits.masked_fill_(first & self.before_timestamps, NEG_INF)
+        before.masked_fill_(first, NEG_INF)
         if last_initial is not None:
-            logits.masked_fill_(first & (self.vocab > last_initial), NEG_INF)
+            stamps.masked_fill_(first & (self.stamp_index > last_initial - begin), NEG_INF)
         # a timestamp when the timestamps together are more probable than any text token
         logprobs = F.log_softmax(logits.float(), dim=-1)
-        stamps = logprobs[..., begin:].logsumexp(dim=-1)
+        together = logprobs[..., begin:].logsumexp(dim=-1)
         text = logprobs[..., :begin].amax(dim=-1)
-        logits.masked_fill_((stamps > text)[..., None] & self.before_timestamps, NEG_INF)
+        before.masked_fill_((together > text)[..., None], NEG_INF)

@@ -234,3 +234,8 @@ class FixedStep:
     def logits(self, states: Tensor) -> Tensor:
         """Vocabulary logits of states through the tied embedding, float32 as whisper returns them."""
         return (states.to(self.dtype) @ self.vocabulary.T).float()
+
+    def move_slots(self, dest: Tensor, src: Tensor) -> None:
+        """Slots ``src`` copied to slots ``dest`` (a tree's accepted nodes follow the pending token)."""
+        for cache in (self.keys, self.values):
+            cache.index_copy_(3, dest, cache.index_select(3, src))
