@@ -30,7 +30,8 @@ from whisper.model import Whisper
 
 from .compute import compute_type_of
 from .decoder import DecoderCache, block_caches, decoder_hidden, decoder_rows_step, new_cache, next_token_logits
-from .decoding import MedusaDecodingResult, verify, window_filters, window_result
+from .acceptance import verify
+from .decoding import MedusaDecodingResult, window_filters, window_result
 from .drafting.base import ProposerStats
 from .drafting.tree import CandidateTree
 from .fixed_decoding import Generation
@@ -69,7 +70,7 @@ class _Stream:
         return self.tokens[-1] == self.task.tokenizer.eot or len(self.tokens) >= self.limit
 
     def take(self, logits: Tensor) -> None:
-        """Greedy's next token from this stream's logits (1, n_vocab), filtered as ``_generate`` does."""
+        """Greedy's next token from this stream's logits (1, n_vocab), filtered as a window alone is (``acceptance.verify``)."""
         verdict = verify(logits, _NO_TREE, self.tokens, self.filters, self.options, self.task.tokenizer.eot,
                          self.limit - len(self.tokens))
         self.tokens += verdict.tokens

@@ -16,12 +16,12 @@ the prompt's pass runs with its rows together, as every way of opening a window 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from torch import Tensor, nn
 
-from .decoder import DecoderCache, decoder_hidden, new_cache, project
+from .decoder import DecoderCache, decoder_hidden, new_cache, next_token_logits
 from .masks import chain_mask
 from .step import product_dtype
 
@@ -36,7 +36,7 @@ class CpuStep:
 
     def __init__(self, model: nn.Module, residual: torch.dtype = torch.float32, device: Optional[torch.device] = None):
         decoder = model.decoder
-        self.decoder = decoder
+        self.model, self.decoder = model, decoder
         self.device = torch.device(device) if device is not None else decoder.token_embedding.weight.device
         self.residual = residual
         self.dtype = product_dtype(decoder, residual)  # what the proposers' own products run in
@@ -66,17 +66,31 @@ class CpuStep:
         start = int((positions if slots is None else slots)[0, 0])
         n = tokens.shape[1]
         allowed = chain_mask(start, n, self.device) if mask is None else mask[0, :, :start + n]
-        self.cache.self_attn.length = start  # what is at or after ``start`` is rewritten now
-        return decoder_hidden(self.decoder, tokens, positions[0], self.cache, start, allowed)
+        return self.pass_at(tokens, positions[0], start, allowed)
 
     __call__ = forward
 
+    def pass_at(self, tokens: Tensor, positions: Tensor, start: int, mask: Tensor) -> Tensor:
+        """Rows written at slots [start, start + rows), as the host's acceptance feeds them.
+
+        tokens    : shape = (1, rows); positions : shape = (rows,)
+        mask      : shape = (rows, start + rows) bool, where each row may attend
+        returns   : shape = (1, rows, n_state), post-LayerNorm states
+        """
+        self.cache.self_attn.length = start  # what is at or after ``start`` is rewritten now
+        return decoder_hidden(self.decoder, tokens, positions, self.cache, start, mask)
+
     def logits(self, states: Tensor) -> Tensor:
-        """Vocabulary logits by the compute type's projection, float32."""
-        return project(self.decoder, states)
+        """The next-token logits greedy decoding reads from states, float32: by the compute type's
+        projection, through a ``base_head`` model's head 0 first (``decoder.next_token_logits``)."""
+        return next_token_logits(self.model, states)
 
     def move_slots(self, dest: Tensor, src: Tensor) -> None:
         """Slots ``src`` copied to slots ``dest`` (a tree's accepted nodes follow the pending token)."""
         cache = self.cache.self_attn
         for buffer in (cache.keys, cache.values):
             buffer.index_copy_(cache.slot_dim, dest, buffer.index_select(cache.slot_dim, src))
+
+    def compact(self, keep: List[int], start: int) -> None:
+        """Slots ``keep`` (ascending, from ``start``) moved to [start, start + len(keep))."""
+        self.cache.self_attn.compact(keep, start)

@@ -1,11 +1,12 @@
-"""Speculative greedy decoding: propose candidates, verify them in one decoder pass, accept, commit.
+"""Decoding 30-second windows as ``whisper.decode`` does, with speculation: the public entry.
 
-One step feeds the last accepted token plus a tree of candidates (a chain is a tree with one
-branch) through the decoder, each candidate at the position of its depth and attending only to its
-ancestors. The base logits verify the candidates: the longest path of acceptable candidates is
-kept, plus the verifier's own token after it (the bonus token), so every step yields at least one
-token. The cache drops the rest (a length reset for a chain, a compaction for a tree). Who proposes
-(Medusa heads, a draft model, a draft head) is behind ``drafting.base.Proposer``.
+One window is decoded by ``fixed_decoding.FixedDecoder``, the one loop on every device: each pass
+feeds the last accepted token plus a tree of candidates (a chain is a tree with one branch), each
+candidate at the position of its depth and attending only to its ancestors; the longest path of
+acceptable candidates is kept, plus the verifier's own token after it (the bonus token), so every
+pass yields at least one token. Who proposes (Medusa heads, a draft model, a draft head) is behind
+``drafting.base.Proposer``, or drafts inside the pass (``drafting.device``). Sampling and beam
+search go to whisper's ``DecodingTask`` over the package's passes (``candidates``).
 
 Setup (tokenizer, initial tokens, logit filters, sample length, language detection) is whisper's
 own ``DecodingTask``, so options mean exactly what they mean in ``whisper.decode``.
@@ -13,28 +14,23 @@ own ``DecodingTask``, so options mean exactly what they mean in ``whisper.decode
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field, fields
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Union
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from whisper.decoding import DecodingOptions, DecodingResult, DecodingTask, LogitFilter
 from whisper.model import Whisper
 from whisper.utils import compression_ratio
 
 from . import fixed_decoding
+from .acceptance import ExponentialDecayLengthPenalty
 from .candidates import decode_candidates
-from .decoder import decoder_hidden, new_cache, next_token_logits
-from .drafting.base import Committed, Proposer, ProposerStats
+from .drafting.base import ProposerStats
 from .drafting.factory import make_proposer
-from .drafting.tree import CandidateTree
 from .fixed_decoding import Generation
 from .options import MedusaDecodingOptions, as_medusa_options
-from .together import rows_together
 
 @dataclass(frozen=True)
 class MedusaDecodingResult(DecodingResult):
@@ -57,164 +53,6 @@ class MedusaDecodingResult(DecodingResult):
     @property
     def tokens_per_step(self) -> float:
         return self.tokens_produced / self.decoder_steps if self.decoder_steps else 0.0
-
-
-class ExponentialDecayLengthPenalty(LogitFilter):
-    """Raise the end-of-text logit by |l| * (factor**(n - start) - 1) after ``start`` sampled tokens.
-
-    The reference implementation's ``exponential_decay_length_penalty=(start, factor)``; it makes
-    long hallucinated tails less likely.
-    """
-
-    def __init__(self, eot: int, sample_begin: int, start: int, factor: float):
-        self.eot, self.sample_begin, self.start, self.factor = eot, sample_begin, start, factor
-
-    def apply(self, logits: Tensor, tokens: Tensor) -> None:
-        excess = tokens.shape[1] - self.sample_begin - self.start
-        if excess > 0:
-            logits[:, self.eot] += logits[:, self.eot].abs() * (self.factor**excess - 1)
-
-
-def _accepts(candidate: int, greedy: int, logprobs: Tensor, options: MedusaDecodingOptions) -> bool:
-    if options.mode == "lossless" or candidate == greedy:
-        return candidate == greedy
-    # typical acceptance (paper eq. 3); the argmax always passes it, since max p >= exp(-H)
-    probs = logprobs.exp()
-    entropy = -torch.where(probs > 0, probs * logprobs, torch.zeros_like(probs)).sum()
-    threshold = min(options.typical_epsilon, options.typical_alpha * float(torch.exp(-entropy)))
-    return float(probs[candidate]) > threshold
-
-
-def _accept_unverified(tree: CandidateTree, node: int, options: MedusaDecodingOptions) -> int:
-    """LOSSY: the chain's next node, taken without comparing it with the verifier's token.
-
-    Reached only for a tree with unverified nodes, which a proposer makes only when the caller set
-    ``lossy_ctc_entropy``; checked here too, so that lossless decoding can never pass this way.
-    """
-    if options.lossy_ctc_entropy is None:
-        raise RuntimeError("unverified candidates without the lossy_ctc_entropy option")
-    return tree.children(node)[0]
-
-
-@dataclass
-class _Verdict:
-    tokens: List[int]  # accepted candidates, then the verifier's token unless stopped by a candidate
-    logprob: float  # sum of the base log-probabilities of `tokens`
-    path: List[int]  # the accepted candidates' nodes in the tree, root to leaf
-
-    @property
-    def n_accepted(self) -> int:
-        return len(self.path)
-
-
-def verify(
-    logits: Tensor,
-    tree: CandidateTree,
-    context: List[int],
-    filters: Sequence[LogitFilter],
-    options: MedusaDecodingOptions,
-    eot: int,
-    max_tokens: int,
-) -> _Verdict:
-    """Walk the tree from the root along accepted candidates and decide what to keep.
-
-    logits     : shape = (len(tree) + 1, n_vocab), base logits at the last accepted token (row 0)
-                 and at each node (row 1 + node); filtered here in place, as whisper filters each
-                 step, but only along the walked path (each row with its own path as context)
-    context    : all tokens so far (initial tokens included), what whisper's filters see
-    max_tokens : stop after this many tokens (the sample-length and context limits)
-    """
-    kept: List[int] = []
-    path: List[int] = []
-    total = 0.0
-    node, row = -1, 0
-    while True:
-        row_logits = logits[row : row + 1]
-        prefix = torch.tensor([context + kept])
-        for logit_filter in filters:
-            logit_filter.apply(row_logits, prefix)
-        logprobs = F.log_softmax(row_logits[0], dim=-1)
-        greedy = int(row_logits[0].argmax())
-        if (0 if node < 0 else tree.depths[node]) < tree.unverified:
-            chosen = _accept_unverified(tree, node, options)
-        else:
-            # children are in the proposer's order of preference: the first acceptable one is taken
-            chosen = next((child for child in tree.children(node)
-                           if _accepts(tree.tokens[child], greedy, logprobs, options)), None)
-        token = greedy if chosen is None else tree.tokens[chosen]
-        kept.append(token)
-        total += float(logprobs[token])
-        if chosen is not None:
-            path.append(chosen)
-        if chosen is None or token == eot or len(kept) >= max_tokens:
-            break
-        node, row = chosen, 1 + chosen
-    return _Verdict(kept, total, path)
-
-
-def _generate(model: Whisper, task: DecodingTask, audio_features: Tensor, initial: List[int],
-              filters: Sequence[LogitFilter], options: MedusaDecodingOptions,
-              proposer: Optional[Proposer] = None) -> Generation:
-    """Greedy decoding; each pass also verifies the candidates of ``proposer`` (when there is one).
-
-    The loop knows nothing of which proposer it has: it asks for a tree, verifies it in one pass,
-    keeps the accepted path in the cache (a length reset for a chain, a compaction for a tree) and
-    tells the proposer what was committed.
-    """
-    decoder = model.decoder
-    cache = new_cache(decoder, audio_features)
-    tokenizer = task.tokenizer
-    device = audio_features.device
-
-    tokens = list(initial)
-    pending = list(initial)  # accepted tokens not yet in the cache
-    tree = CandidateTree()
-    limit = min(task.sample_begin + task.sample_len, task.n_ctx + 1)  # whisper's two stopping rules
-    steps, sum_logprob, no_speech_prob = 0, 0.0, np.nan
-
-    while True:
-        start = cache.length
-        room = min(limit - len(tokens) - 1, task.n_ctx - start - len(pending))
-        tree = tree.truncated(max(room, 0))
-        positions, mask = tree.layout(start, len(pending), device)
-        inputs = torch.tensor([pending + list(tree.tokens)], device=device)
-        # the first pass is the window's prompt, alone and the same in every way of decoding it
-        with rows_together() if steps == 0 else contextlib.nullcontext():
-            hidden = decoder_hidden(decoder, inputs, positions, cache, start, mask)
-        steps += 1
-
-        if steps == 1 and tokenizer.no_speech is not None:
-            sot_logits = next_token_logits(model, hidden[:, task.sot_index])
-            no_speech_prob = float(sot_logits.softmax(dim=-1)[0, tokenizer.no_speech])
-
-        last = len(pending) - 1  # row of the last accepted token
-        logits = next_token_logits(model, hidden[0, last:])  # (1 + len(tree), n_vocab)
-        # the verifier's own guess at every row, before filtering (beyond the accepted path too)
-        predictions = logits.argmax(dim=-1).tolist() if proposer is not None else []
-        verdict = verify(logits, tree, tokens, filters, options, tokenizer.eot, limit - len(tokens))
-        tokens += verdict.tokens
-        sum_logprob += verdict.logprob
-        if tokens[-1] == tokenizer.eot or len(tokens) >= limit:
-            break
-
-        # keep the pending tokens and the accepted candidates; the bonus token is fed next pass
-        n_pending = len(pending)
-        if tree.is_chain:  # the accepted nodes are 0..n-1: a prefix
-            cache.rollback(start + n_pending + verdict.n_accepted)
-            kept_hidden = hidden[:, : n_pending + verdict.n_accepted]
-        else:
-            rows = list(range(n_pending)) + [n_pending + node for node in verdict.path]
-            cache.compact([start + row for row in rows], start)
-            kept_hidden = hidden[:, rows]
-        if proposer is not None:
-            accepted = [tree.tokens[node] for node in verdict.path]
-            proposer.commit(Committed(tokens=pending + accepted, hidden=kept_hidden, position=start,
-                                      next_token=tokens[-1], n_accepted=verdict.n_accepted, n_proposed=len(tree),
-                                      predictions=predictions))
-            tree = proposer.propose()
-        pending = [tokens[-1]]
-
-    return Generation(tokens, sum_logprob, no_speech_prob, steps)
 
 
 def _sync(device: torch.device) -> None:
@@ -240,16 +78,16 @@ def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions, dra
 
     filters = window_filters(task, options)
     began = time.perf_counter()
-    gen, stats, proposer = None, ProposerStats(), None
-    fixed = fixed_decoding.decoder_for(model, audio_features, options, draft)
-    if fixed is not None:  # the fixed-shape step (CUDA graphs); its own proposer drafts in the pass, if any
-        if fixed.proposer is None:
-            proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel)
-        gen = fixed.generate(task, audio_features, initial[0].tolist(), filters, stats, proposer)
-    if gen is None:  # not there, or a filter that is not whisper's
+    stats, proposer = ProposerStats(), None
+    window = fixed_decoding.decoder_for(model, audio_features, options, draft)
+    if window.proposer is None:  # else its own proposer drafts inside the pass
+        proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel)
+    gen = window.generate(task, audio_features, initial[0].tolist(), filters, stats, proposer, options)
+    if gen is None:  # a filter that is not whisper's: the host's acceptance applies it as it is
+        window = fixed_decoding.decoder_for(model, audio_features, options, draft, acceptance="host")
         if proposer is None:
             proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel)
-        gen = _generate(model, task, audio_features, initial[0].tolist(), filters, options, proposer)
+        gen = window.generate(task, audio_features, initial[0].tolist(), filters, stats, proposer, options)
     stats = proposer.stats if proposer is not None else stats
     _sync(audio_features.device)
     decode_seconds = time.perf_counter() - began

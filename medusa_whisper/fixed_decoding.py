@@ -1,11 +1,11 @@
-"""Greedy and lossless Medusa decoding on the device: one fixed-shape program per pass, captured
-once as a CUDA graph and replayed, and one read by the host per pass.
+"""The one decoding loop of a window, on every device: greedy and speculative decoding.
 
-``decoding._generate`` decides each pass on the host: it reads the logits' argmax, filters them
-with whisper's Python filters, walks the candidate tree and asks the proposer for the next one,
-so a pass on a GPU waits for the device several times and launches a few hundred kernels one by
-one. Here one pass is a single function of buffers on the device (``FixedDecoder._pass`` for a
-chain, ``_tree_pass`` for a tree):
+On CUDA a pass is one fixed-shape program, captured once as a CUDA graph and replayed, with one
+read by the host per pass (or per group of passes). ``decoding``'s old host loop decided each pass
+on the host: it read the logits' argmax, filtered them with whisper's Python filters, walked the
+candidate tree and asked the proposer for the next one, so a pass on a GPU waited for the device
+several times and launched a few hundred kernels one by one. Here one pass is a single function of
+buffers on the device (``FixedDecoder._pass`` for a chain, ``_tree_pass`` for a tree):
 
 1. the pending token and the candidates (the in-pass proposer's buffers) are put in the token
    history at their positions;
@@ -18,23 +18,23 @@ chain, ``_tree_pass`` for a tree):
    Medusa heads from the state at the last accepted token, the EAGLE head's chain or tree, the CTC
    draft's next chunk, both draft heads merged into one tree).
 
-On CUDA each proposal shape's pass is captured once as a ``torch.cuda.CUDAGraph``; every pass then is
-a replay and one copy to the host of what was accepted (which the host needs, to know when to
-stop). Lossless: a candidate is kept only where it equals the filtered argmax, so the tokens are
-the step's own greedy tokens; with a chain the rejected slots need no rollback, since the next
-pass writes from the new length and each row reads only slots at or before its own position.
+Lossless: a candidate is kept only where it equals the filtered argmax, so the tokens are the
+step's own greedy tokens; with a chain the rejected slots need no rollback, since the next pass
+writes from the new length and each row reads only slots at or before its own position.
 
-Used on CUDA for greedy decoding and lossless decoding with every proposer: Medusa-Linear heads
-(chains and trees), the EAGLE head (chains and trees), the CTC head and both draft heads propose
-inside the pass; a draft model and Medusa-Block heads propose on the host and hand the pass their
-tree (``tree_layout.TreeLayout``, copied once per pass). Typical acceptance, the lossy CTC
-shortcut, a filter that is not whisper's and ``base_head`` models take ``decoding._generate``.
-``MEDUSA_WHISPER_STEP`` = ``fixed`` uses it on the CPU as well (tests compare it there with the
-eager loop), ``eager`` never.
+On the CPU the same loop runs over the CPU's own products (``cpu_step.CpuStep``: the compute
+type's kernels, row-invariant attention over the written slots) with the host's acceptance
+(``acceptance.verify``, ``_walk_window``): each pass's tree walked row by row, only the rows the
+walk reaches filtered, which is cheaper there than every row at once, and which takes typical
+acceptance, the lossy CTC shortcut, a ``base_head`` model's logits and any filter as they are, on
+CUDA too (``decoder_for`` chooses). ``MEDUSA_WHISPER_STEP`` = ``fixed`` runs the fixed-shape step and
+the device's acceptance on the CPU as well (tests compare them there), ``compiled`` compiles each
+pass with inductor first, ``eager`` takes the CPU's products and the host's acceptance everywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -45,12 +45,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from whisper.decoding import DecodingTask, LogitFilter
 
+from .acceptance import verify
 from .drafting.base import Committed, Proposer, ProposerStats
 from .drafting.device.base import DeviceProposer, Shape
 from .drafting.factory import DeviceSpec, device_proposer, device_spec
 from .drafting.tree import CandidateTree
 from .drafting.tree_layout import TreeLayout
 from .logit_rules import DeviceRules, RuleSettings
+from .options import MedusaDecodingOptions
 from .cpu_step import CpuStep
 from .step import FixedStep, supports as step_supports
 from .together import rows_together
@@ -60,7 +62,7 @@ COST_CONTEXT = 60  # cached tokens before the rows ``row_costs`` times: about th
 COST_ROUNDS = 3  # rounds of ``row_costs``; each rows count's fastest counts
 PASSES_PER_READ = 4  # on CUDA: passes replayed back to back before the host reads them
 STEP_ENV = "MEDUSA_WHISPER_STEP"
-STEP_CHOICES = ("auto", "fixed", "compiled", "cpu", "eager")
+STEP_CHOICES = ("auto", "fixed", "compiled", "eager")
 
 
 def step_choice() -> str:
@@ -74,15 +76,6 @@ def wanted(device: torch.device) -> bool:
     """Whether decoding on ``device`` should take the fixed-shape step (where it can)."""
     choice = step_choice()
     return choice in ("fixed", "compiled") or (choice == "auto" and device.type == "cuda")
-
-
-def products_for(device: torch.device) -> Optional[str]:
-    """The products the fixed loop decodes a window with on ``device``: "fixed" (the fixed-shape
-    step: CUDA, or ``MEDUSA_WHISPER_STEP`` fixed or compiled), "cpu" (the CPU's own products under
-    the same loop, ``cpu_step.CpuStep``: ``MEDUSA_WHISPER_STEP=cpu``), or None for the eager loop."""
-    if step_choice() == "cpu" and device.type == "cpu":
-        return "cpu"
-    return "fixed" if wanted(device) else None
 
 
 def program(run: Callable[[], None], device: torch.device, state: Sequence[Tensor],
@@ -158,10 +151,17 @@ class FixedDecoder:
     """
 
     def __init__(self, model, residual: torch.dtype, device: torch.device, spec: Optional[DeviceSpec] = None,
-                 capture: Optional[bool] = None, products: str = "fixed"):
+                 capture: Optional[bool] = None, products: str = "fixed", acceptance: str = "device"):
         self.device = torch.device(device)
         if products not in ("fixed", "cpu"):
             raise ValueError(f"products must be 'fixed' or 'cpu', not {products!r}")
+        if acceptance not in ("device", "host") or (acceptance == "host" and (products != "cpu" or spec)):
+            raise ValueError(f"acceptance {acceptance!r}: 'device', or 'host' on the CPU's products without "
+                             "an in-pass proposer")
+        # how a pass's candidates are accepted: on the device, every row at once (what a captured
+        # pass must do), or walked on the host row by row (acceptance.verify), which filters only
+        # the rows it reaches and applies any filter and acceptance rule as it is
+        self.acceptance = acceptance
         # the step's products: the fixed-shape ones (dense, every slot: what CUDA captures), or the
         # CPU's (its compute type's kernels, row-invariant attention over the written slots)
         self.step = FixedStep(model, 1, residual, self.device) if products == "fixed" else CpuStep(
@@ -351,12 +351,18 @@ class FixedDecoder:
     @torch.no_grad()
     def generate(self, task: DecodingTask, audio_features: Tensor, initial: List[int],
                  filters: Sequence[LogitFilter], stats: ProposerStats,
-                 proposer: Optional[Proposer] = None) -> Optional[Generation]:
-        """Decode one window, as ``decoding._generate`` does; None when a filter is not whisper's.
+                 proposer: Optional[Proposer] = None,
+                 options: Optional[MedusaDecodingOptions] = None) -> Optional[Generation]:
+        """Decode one window; None when the device's acceptance meets a filter that is not whisper's.
 
         proposer : a proposer on the host (any of drafting/), whose trees each pass verifies; None
                    for this decoder's own in-pass proposer (``spec``), or plain greedy steps
+        options  : how candidates are accepted (``mode``, typical acceptance's thresholds, a lossy CTC
+                   draft's unverified nodes): the host's acceptance reads them; the device's is lossless
         """
+        if self.acceptance == "host":
+            return self._walk_window(task, audio_features, initial, filters, options or MedusaDecodingOptions(),
+                                     proposer)
         rules = self._rules(filters, self.step.vocabulary.shape[0])
         if rules is None:
             return None
@@ -397,6 +403,55 @@ class FixedDecoder:
                 _count(stats, verdict.proposed, min(verdict.accepted, kept))
             if commit is not None and tokens[-1] != eot and len(tokens) < limit:
                 proposer.commit(commit)
+        return Generation(tokens, sum_logprob, no_speech_prob, steps)
+
+    def _walk_window(self, task: DecodingTask, audio_features: Tensor, initial: List[int],
+                     filters: Sequence[LogitFilter], options: MedusaDecodingOptions,
+                     proposer: Optional[Proposer]) -> Generation:
+        """The window with the host's acceptance: each pass over the pending tokens and the host
+        proposer's tree, the tree walked row by row (``acceptance.verify``), the kept slots
+        compacted (a tree) or simply written over by the next pass (a chain), the proposer told
+        what was committed. The first pass is the window's prompt, with its rows together."""
+        step, device = self.step, audio_features.device
+        eot, no_speech = task.tokenizer.eot, task.tokenizer.no_speech
+        step.set_audio(audio_features)
+        tokens, pending, tree = list(initial), list(initial), CandidateTree()
+        limit = min(task.sample_begin + task.sample_len, task.n_ctx + 1)  # whisper's two stopping rules
+        start, steps, sum_logprob, no_speech_prob = 0, 0, 0.0, float("nan")
+        while True:
+            room = min(limit - len(tokens) - 1, task.n_ctx - start - len(pending))
+            tree = tree.truncated(max(room, 0))
+            positions, mask = tree.layout(start, len(pending), device)
+            inputs = torch.tensor([pending + list(tree.tokens)], device=device)
+            with rows_together() if steps == 0 else contextlib.nullcontext():
+                hidden = step.pass_at(inputs, positions, start, mask)
+            steps += 1
+            if steps == 1 and no_speech is not None:
+                no_speech_prob = float(step.logits(hidden[:, task.sot_index]).softmax(dim=-1)[0, no_speech])
+            last = len(pending) - 1  # the row of the last accepted token
+            logits = step.logits(hidden[0, last:])  # (1 + len(tree), n_vocab)
+            # the verifier's own guess at every row, before filtering (beyond the accepted path too)
+            predictions = logits.argmax(dim=-1).tolist() if proposer is not None else []
+            verdict = verify(logits, tree, tokens, filters, options, eot, limit - len(tokens))
+            tokens += verdict.tokens
+            sum_logprob += verdict.logprob
+            if tokens[-1] == eot or len(tokens) >= limit:
+                break
+            n_pending = len(pending)
+            if tree.is_chain:  # the accepted nodes are a prefix: the next pass writes after them
+                kept_hidden = hidden[:, :n_pending + verdict.n_accepted]
+            else:
+                rows = list(range(n_pending)) + [n_pending + node for node in verdict.path]
+                step.compact([start + row for row in rows], start)
+                kept_hidden = hidden[:, rows]
+            if proposer is not None:
+                accepted = [tree.tokens[node] for node in verdict.path]
+                proposer.commit(Committed(tokens=pending + accepted, hidden=kept_hidden, position=start,
+                                          next_token=tokens[-1], n_accepted=verdict.n_accepted,
+                                          n_proposed=len(tree), predictions=predictions))
+                tree = proposer.propose()
+            start += n_pending + verdict.n_accepted
+            pending = [tokens[-1]]
         return Generation(tokens, sum_logprob, no_speech_prob, steps)
 
     def _shape(self, room: int, length: int) -> Optional[Shape]:
@@ -534,19 +589,21 @@ def _count(stats: ProposerStats, proposed: int, accepted: int) -> None:
         depth[d] += 1
 
 
-def decoder_for(model, audio_features: Tensor, options, draft=None) -> Optional[FixedDecoder]:
-    """The model's fixed-shape decoder for these options and features (made once, kept on the
-    model), or None where the eager loop must decode (``wanted``, ``supported``). Its ``proposer``
-    drafts inside the pass where one exists for these options (``drafting.factory.device_spec``);
-    else the caller hands ``generate`` a host proposer, if any."""
-    products = products_for(audio_features.device)
-    if products is None or not supported(model, options):
-        return None
-    spec = device_spec(model, options, draft)
-    key = (audio_features.device, audio_features.dtype, spec, step_choice())
+def decoder_for(model, audio_features: Tensor, options, draft=None, acceptance: Optional[str] = None) -> FixedDecoder:
+    """The model's decoder of a window for these options and features (made once, kept on the
+    model): on the fixed-shape step with the device's acceptance where it is wanted (``wanted``:
+    CUDA, or ``MEDUSA_WHISPER_STEP``) and can decode what ``options`` ask (``supported``), its
+    ``proposer`` drafting inside the pass where one exists for them (``drafting.factory.device_spec``);
+    else, or with ``acceptance="host"``, on the CPU's products with the host's acceptance. Without an
+    in-pass proposer the caller hands ``generate`` a host proposer, if any."""
+    device = audio_features.device
+    on_device = acceptance != "host" and wanted(device) and supported(model, options)
+    spec = device_spec(model, options, draft) if on_device else None
+    key = (device, audio_features.dtype, on_device, spec, step_choice())
     decoders = model.__dict__.setdefault("fixed_decoders", {})  # not a submodule: no state-dict entries
     if key not in decoders:
-        decoders[key] = FixedDecoder(model, audio_features.dtype, audio_features.device, spec, products=products)
+        decoders[key] = (FixedDecoder(model, audio_features.dtype, device, spec) if on_device else
+                         FixedDecoder(model, audio_features.dtype, device, products="cpu", acceptance="host"))
     return decoders[key]
 
 

@@ -62,11 +62,12 @@ LAYERS: Tuple[Layer, ...] = (
            "medusa_whisper.drafting.device.medusa", "medusa_whisper.drafting.device.eagle",
            "medusa_whisper.drafting.device.ctc", "medusa_whisper.drafting.device.union",
            "medusa_whisper.drafting.factory")),
-    Layer("decoding", "the speculative loop and verify(); knows proposers only through the seam; the same loop on "
-                      "the device (fixed_decoding: one fixed-shape pass, CUDA graphs); batched greedy decoding of many "
+    Layer("decoding", "the one loop of a window (fixed_decoding: one fixed-shape pass captured as CUDA graphs, or "
+                      "the CPU's products with the host's acceptance, acceptance.verify); knows proposers only "
+                      "through the seam; batched greedy decoding of many "
                       "windows, which reuses verify() and the result fields; sampling and beam search as whisper's "
                       "DecodingTask over the package's step (candidates; on the fixed-shape step, fixed_candidates)",
-          ("medusa_whisper.candidates", "medusa_whisper.fixed_decoding",
+          ("medusa_whisper.acceptance", "medusa_whisper.candidates", "medusa_whisper.fixed_decoding",
            "medusa_whisper.fixed_candidates",
            "medusa_whisper.decoding",
            "medusa_whisper.batched", "medusa_whisper.fixed_batched")),

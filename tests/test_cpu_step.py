@@ -77,11 +77,15 @@ def test_speculation_on_the_cpus_int8_products_is_plain_int8_greedy(name, extra,
         assert generation.decoder_steps == host.decoder_steps, clip.name
 
 
-def test_the_step_choice_cpu_takes_the_cpus_products(monkeypatch):
+def test_the_cpus_default_is_the_one_loop_on_its_own_products(monkeypatch):
+    """On the CPU a window is decoded by the fixed loop over the CPU's products with the host's
+    acceptance; MEDUSA_WHISPER_STEP=fixed takes the fixed-shape step and the device's instead."""
     model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "cpu")
+    monkeypatch.setenv(fixed_decoding.STEP_ENV, "auto")
     result = decode(model, mel_of(REAL), language="en", fp16=False)
     (decoder,) = model.fixed_decoders.values()
-    assert type(decoder.step).__name__ == "CpuStep"
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "eager")
-    assert decode(model, mel_of(REAL), language="en", fp16=False).tokens == result.tokens
+    assert type(decoder.step).__name__ == "CpuStep" and decoder.acceptance == "host"
+    monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
+    decode(model, mel_of(REAL), language="en", fp16=False)
+    assert {type(d.step).__name__ for d in model.fixed_decoders.values()} == {"CpuStep", "FixedStep"}
+    assert result.tokens == whisper.decode(model, mel_of(REAL), whisper.DecodingOptions(language="en", fp16=False)).tokens

@@ -11,7 +11,7 @@ import whisper
 from whisper.tokenizer import get_encoding, get_tokenizer
 
 import medusa_whisper
-from medusa_whisper import decoding
+from medusa_whisper import MedusaDecodingOptions, acceptance
 from medusa_whisper.audio import load_audio
 from medusa_whisper.drafting.ctc import CtcDraft, CtcHead, CtcConfig, greedy_draft
 from medusa_whisper.drafting.ctc_proposer import DraftSettings, align_end, choose_chunk
@@ -176,7 +176,7 @@ def test_replay_counts_the_passes_the_decoding_loop_takes(tiny, jfk_mel):
                 tiny.draft_head = FixedDraft(text, settings=settings)
                 result = medusa_whisper.decode(tiny, jfk_mel, language="en", without_timestamps=without_timestamps)
                 proposer = factory.head_proposer(FixedDraft(text, settings=settings), tiny, None, "en", replace(
-                    decoding.MedusaDecodingOptions(), without_timestamps=without_timestamps))
+                    MedusaDecodingOptions(), without_timestamps=without_timestamps))
                 replayed = replay(proposer, initial, expected.tokens + [tokenizer.eot], tokenizer.eot,
                                   proposer.settings)
                 assert replayed.tokens == result.tokens_produced
@@ -189,13 +189,13 @@ def test_replay_counts_the_passes_the_decoding_loop_takes(tiny, jfk_mel):
 
 def test_the_lossy_option_is_never_reached_without_its_flag(tiny, jfk_mel, monkeypatch):
     calls = []
-    real = decoding._accept_unverified
+    real = acceptance._accept_unverified
 
     def spy(*args):
         calls.append(args)
         return real(*args)
 
-    monkeypatch.setattr(decoding, "_accept_unverified", spy)
+    monkeypatch.setattr(acceptance, "_accept_unverified", spy)
     expected = _vanilla(tiny, jfk_mel, True)
     try:
         # a confident (entropy 0.01) and wrong draft: exactly what the lossy option would accept
@@ -208,7 +208,7 @@ def test_the_lossy_option_is_never_reached_without_its_flag(tiny, jfk_mel, monke
     assert calls, "with the flag, confident spans are taken unverified"
     assert lossy.tokens != expected.tokens  # the corrupted words went through: lossy indeed
     with pytest.raises(RuntimeError, match="lossy_ctc_entropy"):
-        real(CandidateTree.chain([1, 2], unverified=1), -1, decoding.MedusaDecodingOptions())
+        real(CandidateTree.chain([1, 2], unverified=1), -1, MedusaDecodingOptions())
 
 
 # -- a real head: loads by name and decodes losslessly -----------------------------------------------------------
@@ -264,7 +264,7 @@ def test_pass_costs_are_measured_here_once_per_model_and_compute_type(tiny, jfk_
                                         decoding=dict(asdict(DEAR_ROWS), int8_row_costs=CHEAP_ROWS.row_costs)))
     torch.save(draft_head_file(head, "tiny.en", {"note": "untrained"}), tmp_path / "tiny.en-ctc.pt")
     monkeypatch.setenv("MEDUSA_WHISPER_HEADS_DIR", str(tmp_path))
-    options = decoding.MedusaDecodingOptions(language="en", without_timestamps=True)
+    options = MedusaDecodingOptions(language="en", without_timestamps=True)
     models = [medusa_whisper.load_model("tiny.en-ctc", device="cpu", compute_type=t) for t in ("float32", "int8")]
     for model in models:
         assert model.draft_head.draft_settings().row_costs is None

@@ -241,22 +241,29 @@ def test_a_sibling_with_an_earlier_twin_is_never_kept(tiny_en, real_features):
     assert len(proposer.stats.accepted_per_depth) == 1  # never two candidates in one pass
 
 
-def test_what_the_fixed_loop_leaves_to_the_eager_one(monkeypatch):
+def test_what_the_fixed_step_leaves_to_the_host(monkeypatch):
+    """What the device's acceptance cannot do (typical acceptance, the lossy CTC shortcut, a
+    base_head model's logits) goes to the CPU's products and the host's acceptance, as does
+    everything on the CPU unless MEDUSA_WHISPER_STEP asks for the fixed step."""
     features = torch.zeros(1, 1500, 384)
     monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
     block = random_model(MedusaConfig(num_heads=2, heads_type="block"))
     linear = random_model(MedusaConfig(num_heads=2))
     base_head = random_model(MedusaConfig(num_heads=2, heads_type="base_head"))
     options = medusa_whisper.MedusaDecodingOptions
+
+    def acceptance(model, **kw):
+        return decoder_for(model, features, options(**kw)).acceptance
+
     assert decoder_for(linear, features, options()).spec == DeviceSpec("medusa", 2, 1, 2)  # drafts in the pass
     assert decoder_for(linear, features, options(tree_width=2)).spec == DeviceSpec("medusa", 2, 2, 4)
     assert decoder_for(block, features, options()).proposer is None  # Medusa-Block drafts on the host
     assert decoder_for(linear, features, options(mode="off")).proposer is None
-    assert decoder_for(linear, features, options(mode="typical")) is None
-    assert decoder_for(linear, features, options(lossy_ctc_entropy=0.5)) is None
-    assert decoder_for(base_head, features, options(mode="off")) is None  # its logits go through head 0
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "auto")  # on the CPU, auto is the eager loop
-    assert decoder_for(linear, features, options()) is None
+    assert acceptance(linear, mode="typical") == acceptance(linear, lossy_ctc_entropy=0.5) == "host"
+    assert acceptance(base_head, mode="off") == "host"  # its logits go through head 0
+    assert acceptance(linear) == "device"
+    monkeypatch.setenv(fixed_decoding.STEP_ENV, "auto")  # on the CPU, auto is the host's acceptance
+    assert acceptance(linear) == "host"
     monkeypatch.setenv(fixed_decoding.STEP_ENV, "graphs")
     with pytest.raises(ValueError, match=fixed_decoding.STEP_ENV):
         decoder_for(linear, features, options())
