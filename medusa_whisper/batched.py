@@ -70,7 +70,8 @@ class _Stream:
         return self.tokens[-1] == self.task.tokenizer.eot or len(self.tokens) >= self.limit
 
     def take(self, logits: Tensor) -> None:
-        """Greedy's next token from this stream's logits (1, n_vocab), filtered as a window alone is (``acceptance.verify``)."""
+        """Greedy's next token from this stream's logits (1, n_vocab), filtered as a window alone
+        is (``acceptance.verify``)."""
         verdict = verify(logits, _NO_TREE, self.tokens, self.filters, self.options, self.task.tokenizer.eot,
                          self.limit - len(self.tokens))
         self.tokens += verdict.tokens
@@ -143,7 +144,7 @@ class BatchDecoder:
 
     def _start(self, cache: DecoderCache, item: int, key, mel: Tensor, options: MedusaDecodingOptions) -> _Stream:
         """Open the window, put its cross-attention keys and values in ``item``, run its prompt pass
-        there alone and take its first token (``decoding._decode_one`` and ``_generate``'s first pass)."""
+        there alone and take its first token, as a window decoded alone does (``FixedDecoder``'s first pass)."""
         model = self.model
         stream, audio_features = open_stream(model, key, mel, options)
         alone = new_cache(model.decoder, audio_features)  # its keys and values, computed for it alone
@@ -153,7 +154,7 @@ class BatchDecoder:
         task = stream.task
         n = len(stream.tokens)
         positions = torch.arange(n, device=model.device)
-        with rows_together():  # the prompt pass, as _generate's first pass
+        with rows_together():  # the prompt pass, as a window alone has it
             hidden = decoder_hidden(model.decoder, torch.tensor([stream.tokens], device=model.device), positions,
                                     mine, 0, chain_mask(0, n, model.device))
         if task.tokenizer.no_speech is not None:

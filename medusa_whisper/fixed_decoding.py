@@ -223,7 +223,7 @@ class FixedDecoder:
                    shape: Optional[Shape] = None) -> None:
         """One verification pass of the pending token and a tree of ``nodes`` candidates: a host
         proposer's (``TreeLayout`` packs it into ``trees``), or when ``drafting`` the in-pass
-        proposer's of ``shape`` (which is advanced after it). As ``decoding.verify`` walks it, on the
+        proposer's of ``shape`` (which is advanced after it). As ``acceptance.verify`` walks it, on the
         device. Node j sits at position L-1+depth(j) and slot L+j, sees the committed slots and its
         ancestors; the accepted path is the deepest node whose every ancestor's token equals the
         greedy token of its parent's row; its slots are moved to follow the pending token's, as

@@ -6,7 +6,7 @@ tokens back with ``tolist()`` and compares log-probabilities with ``if``. On a G
 waits for the device. ``DeviceRules`` decides the same things with tensor operations over a token
 history buffer: row r of a pass sees ``history[:lengths[r]]`` as its context, so the rows of a
 verified chain (each with the candidates before it as context) are filtered in one go, as
-``decoding.verify`` filters them one at a time. The masked logits are whisper's, value for value.
+``acceptance.verify`` filters them one at a time. The masked logits are whisper's, value for value.
 """
 
 from __future__ import annotations

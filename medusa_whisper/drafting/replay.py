@@ -31,7 +31,8 @@ class Replay:
 
 def replay(proposer: Proposer, initial: Sequence[int], output: Sequence[int], eot: int,
            settings: DraftSettings) -> Replay:
-    """Drive ``proposer`` as ``decoding._generate`` would, with ``output`` as the verifier's greedy tokens.
+    """Drive ``proposer`` as the decoding loop (``fixed_decoding.FixedDecoder``) would, with
+    ``output`` as the verifier's greedy tokens.
 
     initial : the initial tokens (start-of-transcript sequence, prompt, prefix)
     output  : the sampled tokens, ending with ``eot`` (as the training cache stores them)

@@ -5,7 +5,7 @@ has a token and a parent (-1 for the root); parents come before their children, 
 tokens is the tree with ``parents == [-1, 0, 1, ..., K-2]``. The verifier feeds all nodes in one
 decoder pass, each node attending to the committed context and to its own ancestors only
 (``layout``), at the position of its depth; then it walks from the root to the deepest node whose
-every token equals the verifier's greedy token (``decoding.verify``).
+every token equals the verifier's greedy token (``acceptance.verify``).
 
 Trees are built best-first from log-probabilities (``best_first``): a node's score is the sum of
 its path's log-probabilities, so a child never scores above its parent and the N best nodes are

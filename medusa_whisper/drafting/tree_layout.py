@@ -68,7 +68,7 @@ class TreeLayout:
 
 def reachable(tree: CandidateTree) -> List[bool]:
     """Per node, whether the verifier could keep it: not where an earlier sibling has the same token,
-    nor below such a node (``decoding.verify`` takes the first acceptable child). The tree pass
+    nor below such a node (``acceptance.verify`` takes the first acceptable child). The tree pass
     marks the others invalid, keeping the proposer's numbering of the nodes."""
     reachable: List[bool] = []
     seen = set()
