@@ -21,9 +21,10 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 
-from .decoder import DecoderCache, decoder_hidden, new_cache, next_token_logits
+from .decoder import DecoderCache, block_caches, decoder_hidden, decoder_rows_step, new_cache, next_token_logits
 from .masks import chain_mask
 from .step import product_dtype
+from .together import rows_together
 
 
 class CpuStep:
@@ -94,3 +95,48 @@ class CpuStep:
     def compact(self, keep: List[int], start: int) -> None:
         """Slots ``keep`` (ascending, from ``start``) moved to [start, start + len(keep))."""
         self.cache.self_attn.compact(keep, start)
+
+
+class CpuBatchStep:
+    """``FixedStep``'s calls for windows side by side (one per batch item, each at its own
+    position) over the CPU's products: ``decoder.decoder_rows_step``, whose int8 attention and
+    products give a stream the bits it gets alone, over one cache of ``batch`` items."""
+
+    def __init__(self, model: nn.Module, batch: int, residual: torch.dtype = torch.float32,
+                 device: Optional[torch.device] = None):
+        decoder = model.decoder
+        self.model, self.decoder, self.batch = model, decoder, batch
+        self.device = torch.device(device) if device is not None else decoder.token_embedding.weight.device
+        self.residual = residual
+        self.n_ctx = decoder.positional_embedding.shape[0]
+        self.vocabulary = decoder.token_embedding.weight  # (its rows: the vocabulary's size)
+        features = torch.zeros(batch, model.dims.n_audio_ctx, model.dims.n_audio_state, dtype=residual,
+                               device=self.device)
+        self_attn, cross_attn = block_caches(decoder.blocks, self.n_ctx, features)
+        self.cache = DecoderCache(self_attn=self_attn, cross_attn=cross_attn, dtype=residual)
+
+    def set_audio(self, features: Tensor, item: int) -> None:
+        """Batch item ``item`` takes a window: the cross-attention keys and values of its encoder
+        output (features, shape = (1, n_audio_ctx, n_audio_state)), computed for it alone, and
+        zeroed self-attention slots, as a fresh cache has them."""
+        alone = new_cache(self.decoder, features.to(self.residual))
+        self.cache.cross_attn.put(item, alone.cross_attn)
+        mine = self.cache.batch_items(item, item + 1)
+        mine.self_attn.keys.zero_()
+        mine.self_attn.values.zero_()
+
+    def prompt(self, tokens: Tensor, item: int) -> Tensor:
+        """The window's prompt pass in batch item ``item`` alone, its rows together as every way of
+        opening a window has them; tokens, shape = (1, n) -> states, shape = (1, n, n_state)."""
+        n = tokens.shape[1]
+        with rows_together():
+            return decoder_hidden(self.decoder, tokens, torch.arange(n, device=self.device),
+                                  self.cache.batch_items(item, item + 1), 0, chain_mask(0, n, self.device))
+
+    def rows(self, tokens: Tensor, positions: Tensor, first: int, stop: int) -> Tensor:
+        """One token for each of batch items [first, stop), item b's at slot ``positions[b]``;
+        tokens, positions : shape = (stop - first,) -> states, shape = (stop - first, n_state)."""
+        return decoder_rows_step(self.decoder, tokens, positions, self.cache.batch_items(first, stop))
+
+    def logits(self, states: Tensor) -> Tensor:
+        return next_token_logits(self.model, states)

@@ -1,22 +1,32 @@
-"""Greedy decoding of many windows side by side on the device: ``batched.BatchDecoder`` with the
-fixed-shape step, one pass captured as a CUDA graph for the whole batch, and one host read per pass.
+"""Greedy decoding of many windows side by side, on every device: one pass advances every stream
+by a token.
 
-Every batch item holds one window's stream at its own position. A pass advances every item by one
-token (step.FixedStep over (batch, 1) rows, each at its position; logit_rules.DeviceRules with each
-item's own settings), writes the greedy tokens into the items' histories and advances the lengths
-of the items in use; the host reads the batch's tokens and log-probabilities at once, ends the
-streams that said end-of-text or reached their limit, and starts waiting windows in the free items
-(their encoder pass and prompt pass uncaptured, on that item alone). Items not in use are computed
-with the rest (a graph has one shape) and ignored.
+A decoder pass is bound by reading weights; a pass over B streams reads them once. Every batch item
+holds one window's stream (its own audio's cross-attention keys and values, its own self-attention
+slots, position, rules, prompt and stopping rule) at its own position. A pass advances the items
+by one token (``logit_rules.DeviceRules`` with each item's own settings), writes the greedy tokens
+into the items' histories and advances the lengths of the items in use; the host reads the batch's
+tokens and log-probabilities at once, ends the streams that said end-of-text or reached their
+limit, and starts waiting windows in the free items at once (continuous batching: their encoder
+pass and prompt pass on that item alone).
 
-Greedy only, as ``BatchDecoder`` (``batched.batchable``). Used on CUDA by ``transcribe_many``
-(``--batch-size``, ``--vad-chunks``, several files); ``MEDUSA_WHISPER_STEP=fixed`` uses it on the
-CPU as well (tests compare its results with each window decoded alone).
+The step is the fixed-shape one on CUDA (``step.FixedStep`` over every item, one pass captured as
+a CUDA graph for the whole batch) and the CPU's own elsewhere (``cpu_step.CpuBatchStep``: the
+pass covers the items from the first in use to the last, whose int8 attention and products give a
+stream the bits it gets alone). So each window's result is the one ``decoding.decode`` gives it
+alone with ``mode="off"`` (and so with ``lossless``): bit for bit at int8 on the CPU; float32's
+products do not promise that, and there a batched window may differ in the last bits of its
+logits, and rarely in a token.
+
+Greedy only (``batched.batchable``). Used by ``transcribe_many`` (``--batch-size``, ``--vad-chunks``,
+several files). Departs from whisper (``whisper.decode`` on a batch of windows runs them in lock
+step, with the same prompt, until the longest ends): windows of different files, prompts and
+lengths share passes.
 """
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +34,8 @@ from torch import Tensor
 from whisper.model import Whisper
 
 from . import fixed_candidates, fixed_decoding
-from .batched import BatchDecoder, _Stream, open_stream, refill, replace_mode
+from .batched import _Stream, open_stream, refill, replace_mode
+from .cpu_step import CpuBatchStep
 from .decoding import MedusaDecodingResult, decode
 from .logit_rules import DeviceRules, RuleSettings
 from .options import MedusaDecodingOptions
@@ -35,15 +46,27 @@ Sink = Callable[[object, MedusaDecodingResult], None]
 
 
 class FixedBatchDecoder:
-    """``BatchDecoder``'s ``run(source, sink)`` over the fixed-shape step (see the module)."""
+    """Decodes windows greedily, up to ``batch_size`` of them side by side in one pass (see the module).
 
-    def __init__(self, model: Whisper, batch_size: int, capture: Optional[bool] = None):
+    ``run(source, sink)`` asks ``source()`` for the next window whenever a batch item is free (None:
+    none waiting now) and hands each result to ``sink(key, result)``, which may make more windows
+    available (the next window of a file waits for its previous one's text and end).
+
+    products : "fixed" (the fixed-shape step, every item every pass: what CUDA captures) or "cpu"
+               (the CPU's products, the items in use); default: ``batch_decoder``'s choice
+    """
+
+    def __init__(self, model: Whisper, batch_size: int, capture: Optional[bool] = None,
+                 products: Optional[str] = None):
         if batch_size < 1:
             raise ValueError(f"batch size must be at least 1, not {batch_size}")
         self.model, self.batch_size = model, batch_size
         self.device = model.device
-        self.step: Optional[FixedStep] = None  # made for the first window's features (their dtype)
-        self.capture = self.device.type == "cuda" if capture is None else capture
+        self.products = products or ("fixed" if fixed_candidates.wanted(model, self.device) else "cpu")
+        if self.products not in ("fixed", "cpu"):
+            raise ValueError(f"products must be 'fixed' or 'cpu', not {self.products!r}")
+        self.step = None  # made for the first window's features (their dtype)
+        self.capture = self.device.type == "cuda" and self.products == "fixed" if capture is None else capture
         n_ctx = model.dims.n_text_ctx
         self.history = torch.zeros(batch_size, n_ctx + 2, dtype=torch.long, device=self.device)
         self.length = torch.ones(batch_size, dtype=torch.long, device=self.device)
@@ -52,29 +75,36 @@ class FixedBatchDecoder:
         self.rules: Optional[DeviceRules] = None
         self.run_pass: Optional[Callable[[], None]] = None
         self.graphs: List["torch.cuda.CUDAGraph"] = []
-        self.passes = 0  # batched passes, for the statistics (as BatchDecoder's)
+        self.passes = 0  # batched passes, for the statistics
         self.rows = 0  # streams advanced, summed over those passes
         self.host_reads = 0
 
-    def _pass(self) -> None:
-        """One token for every item, each at its own position."""
-        positions = (self.length - 1).clamp(0, self.step.n_ctx - 1)[:, None]  # (batch, 1)
-        hidden = self.step(self.history.gather(1, positions), positions)
-        logits = self.step.logits(hidden)
-        self.rules.apply(logits, self.history, positions + 1)
-        greedy = logits.argmax(dim=-1)  # (batch, 1)
+    def _pass(self, first: int = 0, stop: Optional[int] = None) -> None:
+        """One token for each of items [first, stop) (all of them by default), each at its own position."""
+        at = slice(first, self.batch_size if stop is None else stop)
+        history, length = self.history[at], self.length[at]
+        positions = (length - 1).clamp(0, self.step.n_ctx - 1)  # (items,)
+        hidden = self.step.rows(history.gather(1, positions[:, None])[:, 0], positions, at.start, at.stop)
+        logits = self.step.logits(hidden)[:, None]  # (items, 1, n_vocab)
+        self.rules.apply(logits, history, positions[:, None] + 1, item=at)
+        greedy = logits.argmax(dim=-1)  # (items, 1)
         logprobs = F.log_softmax(logits, dim=-1).gather(-1, greedy[..., None])[..., 0]
-        self.history.scatter_(1, positions + 1, greedy)
-        self.length.add_(self.active)
-        self.out.copy_(torch.cat([greedy.double(), logprobs.double()], dim=1))
+        history.scatter_(1, positions[:, None] + 1, greedy)
+        length.add_(self.active[at])
+        self.out[at].copy_(torch.cat([greedy.double(), logprobs.double()], dim=1))
 
-    def _ready(self) -> Callable[[], None]:
+    def _run_pass(self, active: List[int]) -> None:
+        """The pass over the items in use: on the fixed step every item (one shape, a graph's replay
+        on CUDA), on the CPU's products the items from the first in use to the last."""
+        if self.products == "cpu":
+            self._pass(active[0], active[-1] + 1)
+            return
         if self.run_pass is None:
             self.run_pass = self._pass
             if self.capture or fixed_decoding.step_choice() == "compiled":
                 device = self.device if self.capture else torch.device("cpu")
                 self.run_pass = fixed_decoding.program(self._pass, device, (self.history, self.length), self.graphs)
-        return self.run_pass
+        self.run_pass()
 
     # ------------------------------------------------------------------------------------------- host
 
@@ -87,7 +117,7 @@ class FixedBatchDecoder:
             active = [i for i, s in enumerate(streams) if s is not None]
             if not active:
                 return
-            self._ready()()
+            self._run_pass(active)
             self.host_reads += 1
             values = self.out.tolist()
             self.passes += 1
@@ -111,7 +141,8 @@ class FixedBatchDecoder:
         stream, features = open_stream(self.model, key, mel, options)
         task = stream.task
         if self.step is None:
-            self.step = FixedStep(self.model, self.batch_size, features.dtype, self.device)
+            make = FixedStep if self.products == "fixed" else CpuBatchStep
+            self.step = make(self.model, self.batch_size, features.dtype, self.device)
         settings = RuleSettings.of(stream.filters, self.step.vocabulary.shape[0])
         if self.rules is None and settings is not None:
             self.rules = DeviceRules(settings, self.device, self.batch_size)
@@ -126,11 +157,13 @@ class FixedBatchDecoder:
         history.zero_()
         history[0, :n] = torch.tensor(tokens, device=self.device)
         positions = torch.arange(n, device=self.device)[None]
-        hidden = self.step(history[:, :n], positions, item=item)
-        logits = self.step.logits(hidden[:, [task.sot_index, n - 1]])
+        hidden = self.step.prompt(history[:, :n], item)
+        # each row alone, as a window decoded alone projects them
+        first = self.step.logits(hidden[:, task.sot_index:task.sot_index + 1])
+        last = self.step.logits(hidden[:, n - 1:n])
         no_speech = task.tokenizer.no_speech
-        speech = logits[:, 0].softmax(dim=-1)[:, no_speech] if no_speech is not None else logits.new_zeros(1)
-        last = self.rules.apply(logits[:, 1:], history, positions[:, -1:] + 1, item=item)
+        speech = first[:, 0].softmax(dim=-1)[:, no_speech] if no_speech is not None else first.new_zeros(1)
+        last = self.rules.apply(last, history, positions[:, -1:] + 1, item=item)
         greedy = last.argmax(dim=-1)
         logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
         history[:, n] = greedy[:, 0]
@@ -149,9 +182,17 @@ class FixedBatchDecoder:
         return stream
 
 
-def batch_decoder(model: Whisper, batch_size: int):
-    """The decoder of several windows side by side for ``model``: the fixed-shape one where
-    ``fixed_decoding.wanted`` (CUDA) and the model's decoder allows it, else ``BatchDecoder``."""
-    if fixed_candidates.wanted(model, model.device):  # the same condition as the fallback's candidates
-        return FixedBatchDecoder(model, batch_size)
-    return BatchDecoder(model, batch_size)
+def batch_decoder(model: Whisper, batch_size: int) -> FixedBatchDecoder:
+    """The decoder of several windows side by side for ``model``: on the fixed-shape step where
+    ``fixed_decoding.wanted`` (CUDA) and the model's decoder allows it, else on the CPU's products."""
+    return FixedBatchDecoder(model, batch_size)
+
+
+def decode_windows(model: Whisper, windows: Iterable[Tuple[object, Tensor, MedusaDecodingOptions]],
+                   batch_size: int) -> Iterator[Tuple[object, MedusaDecodingResult]]:
+    """Decode independent windows (key, log-Mel, options) side by side; yields (key, result) as they end."""
+    pending = iter(windows)
+    finished: List[Tuple[object, MedusaDecodingResult]] = []
+    decoder = batch_decoder(model, batch_size)
+    decoder.run(lambda: next(pending, None), lambda key, result: finished.append((key, result)))
+    yield from finished

@@ -64,8 +64,8 @@ LAYERS: Tuple[Layer, ...] = (
            "medusa_whisper.drafting.factory")),
     Layer("decoding", "the one loop of a window (fixed_decoding: one fixed-shape pass captured as CUDA graphs, or "
                       "the CPU's products with the host's acceptance, acceptance.verify); knows proposers only "
-                      "through the seam; batched greedy decoding of many "
-                      "windows, which reuses verify() and the result fields; sampling and beam search as whisper's "
+                      "through the seam; the one batch loop of many windows (fixed_batched, with what batches "
+                      "share in batched); sampling and beam search as whisper's "
                       "DecodingTask over the package's step (candidates; on the fixed-shape step, fixed_candidates)",
           ("medusa_whisper.acceptance", "medusa_whisper.candidates", "medusa_whisper.fixed_decoding",
            "medusa_whisper.fixed_candidates",

@@ -12,7 +12,7 @@ verified chain (each with the candidates before it as context) are filtered in o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -116,15 +116,16 @@ class DeviceRules:
                 self.blank[i].zero_()
                 self.blank[i, list(settings.blank)] = True
 
-    def apply(self, logits: Tensor, history: Tensor, lengths: Tensor, item: Optional[int] = None) -> Tensor:
+    def apply(self, logits: Tensor, history: Tensor, lengths: Tensor, item: Union[int, slice, None] = None) -> Tensor:
         """Filter ``logits`` in place, as whisper's filters would for each row on its own; returns them.
 
         logits  : shape = (batch, rows, n_vocab), float
         history : shape = (batch, n), long: the tokens of each sequence (initial ones included)
         lengths : shape = (batch, rows), long: row r's context is history[b, :lengths[b, r]]; at least 1
-        item    : the one batch item these are (a pass over that sequence alone), or None for all
+        item    : the one batch item these are (a pass over that sequence alone), a slice of the
+                  items (a pass over those), or None for all
         """
-        at = slice(None) if item is None else slice(item, item + 1)
+        at = slice(None) if item is None else item if isinstance(item, slice) else slice(item, item + 1)
         sample_begin = self.sample_begin[at, None]  # (batch, 1)
         logits.add_(self.always[at, None, :])
         sampled = lengths - sample_begin  # (batch, rows): tokens sampled before each row

@@ -231,6 +231,16 @@ class FixedStep:
 
     __call__ = forward
 
+    def prompt(self, tokens: Tensor, item: int) -> Tensor:
+        """A window's prompt pass in batch item ``item`` alone: tokens, shape = (1, n), at positions
+        0..n-1 -> states, shape = (1, n, n_state)."""
+        return self.forward(tokens, torch.arange(tokens.shape[1], device=tokens.device)[None], item=item)
+
+    def rows(self, tokens: Tensor, positions: Tensor, first: int, stop: int) -> Tensor:
+        """One token for every batch item at its own position (the fixed shape: items [first, stop)
+        must be all of them); tokens, positions : shape = (batch,) -> states, shape = (batch, n_state)."""
+        return self.forward(tokens[:, None], positions[:, None])[:, 0]
+
     def logits(self, states: Tensor) -> Tensor:
         """Vocabulary logits of states through the tied embedding, float32 as whisper returns them."""
         return (states.to(self.dtype) @ self.vocabulary.T).float()

@@ -1,11 +1,12 @@
-"""Windows decoded side by side (batched.py) get what each gets decoded alone."""
+"""Windows decoded side by side (fixed_batched.py, on the CPU's products) get what each gets decoded alone."""
 
 import pytest
 import torch
 import whisper
 
 import medusa_whisper
-from medusa_whisper.batched import BatchDecoder, batchable, decode_windows
+from medusa_whisper.batched import batchable
+from medusa_whisper.fixed_batched import FixedBatchDecoder, decode_windows
 from medusa_whisper.decoding import decode
 from medusa_whisper.options import MedusaDecodingOptions
 
@@ -57,7 +58,7 @@ def test_a_batch_runs_as_few_passes_as_its_longest_window_needs(mels):
     model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
     windows = [(i, mels[i], MedusaDecodingOptions(mode="off", fp16=False, language="en")) for i in range(4)]
     results = {}
-    batch = BatchDecoder(model, batch_size=4)
+    batch = FixedBatchDecoder(model, batch_size=4)
     queue = list(windows)
     batch.run(lambda: queue.pop(0) if queue else None, results.__setitem__)
     longest = max(len(r.tokens) for r in results.values())
@@ -73,7 +74,7 @@ def test_what_can_be_batched():
     assert not batchable(MedusaDecodingOptions(temperature=0.2))
     assert not batchable(MedusaDecodingOptions(beam_size=5))
     with pytest.raises(ValueError):
-        BatchDecoder(None, 0)
+        FixedBatchDecoder(None, 0)
 
 
 def test_recordings_transcribed_side_by_side_equal_each_alone_and_a_bad_one_does_not_stop_them(tmp_path):

@@ -13,7 +13,6 @@ import whisper
 import medusa_whisper
 from medusa_whisper import fixed_decoding
 from medusa_whisper.audio import load_audio
-from medusa_whisper.batched import BatchDecoder
 from medusa_whisper.decoding import decode
 from medusa_whisper.fixed_batched import FixedBatchDecoder, batch_decoder
 from medusa_whisper.options import MedusaDecodingOptions
@@ -49,7 +48,7 @@ def test_windows_side_by_side_equal_each_alone(tiny_en, mels, monkeypatch):
     windows = [(i, mels[i % len(mels)], variants[i % len(variants)]) for i in range(9)]
     monkeypatch.setenv(fixed_decoding.STEP_ENV, "eager")
     alone = {key: decode(tiny_en, mel, options) for key, mel, options in windows}
-    decoder = FixedBatchDecoder(tiny_en, batch_size=3)
+    decoder = FixedBatchDecoder(tiny_en, batch_size=3, products="fixed")
     together = run(decoder, windows)
     assert sorted(together) == sorted(alone)
     for key, expected in alone.items():
@@ -66,7 +65,7 @@ def test_windows_side_by_side_equal_each_alone(tiny_en, mels, monkeypatch):
 
 
 def test_a_batch_pass_never_reads_the_device_on_the_host(tiny_en, mels):
-    decoder = FixedBatchDecoder(tiny_en, batch_size=2)
+    decoder = FixedBatchDecoder(tiny_en, batch_size=2, products="fixed")
     windows = [(0, mels[0], MedusaDecodingOptions(mode="off", fp16=False, language="en"))]
     decoder._start(0, lambda key, result: None, *windows[0])  # the step and rules, made for this window
     torch._dynamo.reset()
@@ -75,11 +74,11 @@ def test_a_batch_pass_never_reads_the_device_on_the_host(tiny_en, mels):
     assert decoder.length.tolist() == [before[0] + 1, before[1]]  # the item in use moved, the other did not
 
 
-def test_transcribe_many_takes_the_fixed_batch_where_the_fixed_step_is_wanted(tiny_en, monkeypatch):
+def test_transcribe_many_takes_the_fixed_step_where_it_is_wanted(tiny_en, monkeypatch):
     monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
-    assert isinstance(batch_decoder(tiny_en, 4), FixedBatchDecoder)
+    assert batch_decoder(tiny_en, 4).products == "fixed"
     monkeypatch.setenv(fixed_decoding.STEP_ENV, "auto")  # the CPU keeps its row-invariant batched step
-    assert isinstance(batch_decoder(tiny_en, 4), BatchDecoder)
+    assert batch_decoder(tiny_en, 4).products == "cpu"
     results = {}
     for step in ("eager", "fixed"):
         monkeypatch.setenv(fixed_decoding.STEP_ENV, step)
