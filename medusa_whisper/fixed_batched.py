@@ -33,8 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from whisper.model import Whisper
 
-from . import fixed_candidates, fixed_decoding
+from . import fixed_decoding
 from .batched import _Stream, open_stream, refill, replace_mode
+from .candidates import on_fixed_step
 from .cpu_step import CpuBatchStep
 from .decoding import MedusaDecodingResult, decode
 from .logit_rules import DeviceRules, RuleSettings
@@ -62,7 +63,7 @@ class FixedBatchDecoder:
             raise ValueError(f"batch size must be at least 1, not {batch_size}")
         self.model, self.batch_size = model, batch_size
         self.device = model.device
-        self.products = products or ("fixed" if fixed_candidates.wanted(model, self.device) else "cpu")
+        self.products = products or ("fixed" if on_fixed_step(model) else "cpu")
         if self.products not in ("fixed", "cpu"):
             raise ValueError(f"products must be 'fixed' or 'cpu', not {self.products!r}")
         self.step = None  # made for the first window's features (their dtype)

@@ -66,9 +66,8 @@ LAYERS: Tuple[Layer, ...] = (
                       "the CPU's products with the host's acceptance, acceptance.verify); knows proposers only "
                       "through the seam; the one batch loop of many windows (fixed_batched, with what batches "
                       "share in batched); sampling and beam search as whisper's "
-                      "DecodingTask over the package's step (candidates; on the fixed-shape step, fixed_candidates)",
+                      "DecodingTask over the package's step, one Inference on either products (candidates)",
           ("medusa_whisper.acceptance", "medusa_whisper.candidates", "medusa_whisper.fixed_decoding",
-           "medusa_whisper.fixed_candidates",
            "medusa_whisper.decoding",
            "medusa_whisper.batched", "medusa_whisper.fixed_batched")),
     Layer("model", "the whisper-shaped surface: MedusaWhisper imports transcribe at top level for its method, as "

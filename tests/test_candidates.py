@@ -50,7 +50,7 @@ def test_sampled_rows_get_whispers_logits(model, mel):
     on the same tokens, and the no-speech row too."""
     from whisper.decoding import PyTorchInference
 
-    from medusa_whisper.candidates import StepInference
+    from medusa_whisper.candidates import CandidatesInference
 
     generator = torch.Generator().manual_seed(0)
     initial = [50257, 50362]  # tiny.en's start of transcript, no timestamps
@@ -74,7 +74,7 @@ def test_sampled_rows_get_whispers_logits(model, mel):
     # whisper's inference first and on its own: its cache hooks on the model's key and value layers
     # stay installed until cleanup_caching, and would answer our step's calls of those layers too
     expected = fed(PyTorchInference(model, len(initial)), lambda inf, rows, end: inf.logits(rows, features))
-    got = fed(StepInference(model, rows_per_audio=5),
+    got = fed(CandidatesInference(model, rows_per_audio=5, products="cpu"),
               lambda inf, rows, end: inf.next_logits(rows, features, 0 if end == len(initial) else None))
     for theirs, (last, sot) in zip(expected, got):
         torch.testing.assert_close(last, theirs[:, -1], rtol=1e-4, atol=2e-3)
@@ -128,7 +128,7 @@ def test_fallback_encodes_each_window_once(model):
 
 def test_an_int8_beam_runs_its_prompt_once_and_gets_the_numbers_of_every_copy(mel, monkeypatch):
     """best_of and beam_size repeat the prompt in every row; a converted model runs it once and
-    copies its keys and values to the others (candidates.StepInference._prompt_once). Its numbers
+    copies its keys and values to the others (candidates._CpuRows._prompt_once). Its numbers
     are those of the pass over every copy up to the many-rows kernels' rounding: a prompt row's
     bfloat16 products round by its company (1 or 3 copies), measured up to 0.21 in a logit of 27
     on an Intel AMX CPU, so a beam meeting a near tie may part (it did there: two more tokens)."""
@@ -151,9 +151,9 @@ def test_an_int8_beam_runs_its_prompt_once_and_gets_the_numbers_of_every_copy(me
     with torch.no_grad():
         features = int8.embed_audio(mel[None]).repeat(3, 1, 1)
         for copies in ("once", "every"):
-            inference = candidates.StepInference(int8, 3)
             if copies == "every":
-                inference._one_prompt = lambda new: False
+                monkeypatch.setattr(candidates._CpuRows, "_one_prompt", lambda self, new: False)
+            inference = candidates.CandidatesInference(int8, 3, products="cpu")
             logits.append(inference.next_logits(tokens, features, task.sot_index)[0])
     assert firsts[1:] == [1, 3]
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0.5)

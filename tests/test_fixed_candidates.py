@@ -1,4 +1,4 @@
-"""best_of candidates and beams on the fixed-shape step (fixed_candidates.py) against the eager step.
+"""best_of candidates and beams on the fixed-shape step (candidates._FixedRows) against the CPU's products.
 
 On the CPU (``MEDUSA_WHISPER_STEP=fixed``) the fixed-shape candidates' passes are what CUDA graphs
 capture, run eagerly: their logits must be the eager step's row for row, through beam search's
@@ -14,9 +14,8 @@ import whisper
 import medusa_whisper
 from medusa_whisper import fixed_decoding
 from medusa_whisper.audio import load_audio
-from medusa_whisper.candidates import StepInference
+from medusa_whisper.candidates import CandidatesInference
 from medusa_whisper.decoding import decode
-from medusa_whisper.fixed_candidates import FixedInference
 
 from conftest import DATA
 
@@ -63,8 +62,8 @@ def test_rows_get_the_eager_steps_logits_through_a_reordering(model, mel):
             inference.cleanup_caching()
         return outputs
 
-    expected = fed(StepInference(model, rows_per_audio=5))
-    fixed = FixedInference(model, rows_per_audio=5)
+    expected = fed(CandidatesInference(model, rows_per_audio=5, products="cpu"))
+    fixed = CandidatesInference(model, rows_per_audio=5, products="fixed")
     got = fed(fixed)
     assert fixed.passes == len(expected)
     for (theirs, their_sot), (ours, our_sot) in zip(expected, got):
@@ -140,7 +139,7 @@ def test_an_int8_beam_of_one_is_int8_greedy_on_the_fixed_step(mel, monkeypatch):
 def test_a_pass_never_reads_the_device_on_the_host(model, mel):
     """torch.compile's full-graph tracing fails on .item(), .tolist(), a tensor's truth value or a
     shape that depends on data: what a CUDA graph cannot capture either."""
-    inference = FixedInference(model, rows_per_audio=2)
+    inference = CandidatesInference(model, rows_per_audio=2, products="fixed")
     features = model.embed_audio(mel[None]).repeat_interleave(2, dim=0)
     tokens = torch.tensor([[50257, 50362]] * 2)
     inference.next_logits(tokens, features, 0)  # the prompt pass, uncaptured
@@ -149,12 +148,12 @@ def test_a_pass_never_reads_the_device_on_the_host(model, mel):
     rows.positions.fill_(2)
     torch._dynamo.reset()
     torch.compile(rows._pass, fullgraph=True, backend="eager")()
-    assert rows.logits.abs().sum() > 0
+    assert rows.out.abs().sum() > 0
 
     def reads_the_host():
         rows._pass()
-        if float(rows.logits[0, 0]) > -1e9:
-            rows.logits.add_(1)
+        if float(rows.out[0, 0]) > -1e9:
+            rows.out.add_(1)
     torch._dynamo.reset()
     with pytest.raises(Exception):
         torch.compile(reads_the_host, fullgraph=True, backend="eager")()
@@ -166,7 +165,7 @@ def test_captured_candidates_equal_the_uncaptured_ones(monkeypatch):
     same passes give uncaptured (the fixed step compiled away: plain ``_pass`` calls)."""
     import os
 
-    from medusa_whisper import fixed_candidates
+    from medusa_whisper import candidates
 
     name = os.environ.get("MEDUSA_WHISPER_CUDA_TEST_MODEL", "tiny.en")
     cuda = medusa_whisper.load_model(name, device="cuda")
@@ -176,7 +175,7 @@ def test_captured_candidates_equal_the_uncaptured_ones(monkeypatch):
     for capture in (True, False):
         cuda.__dict__.pop("fixed_candidate_steps", None)
         if not capture:
-            monkeypatch.setattr(fixed_candidates._Rows, "program", lambda self: self._pass)
+            monkeypatch.setattr(candidates._FixedRows, "program", lambda self: self._pass)
         for options in (dict(temperature=0.0, beam_size=5), dict(temperature=0.8, best_of=5)):
             torch.manual_seed(0)
             results[capture, str(options)] = decode(cuda, mel, fp16=True, language="en", **options)

@@ -628,7 +628,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     jobs.append(("batch", lambda: [ours_row("ours --mode off, --batch-size 32", name, device, clips, fixed,
                                             batch_size=32, mode="off")]))
     # beam search (and the fallback's best_of candidates): whisper's DecodingTask on our passes,
-    # eager against one CUDA graph per rows count (fixed_candidates.py)
+    # eager against one CUDA graph per rows count (candidates._FixedRows)
     jobs.append(("beam", lambda: beam_rows(name, device, clips, fixed)))
     jobs.append(("inductor", lambda: [ours_row("ours --mode off, fixed step compiled", name, device, clips,
                                                "compiled", mode="off")]))
