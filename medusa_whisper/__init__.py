@@ -9,13 +9,13 @@ the audio helpers and option types are whisper's own.
 from whisper.audio import log_mel_spectrogram, pad_or_trim
 from whisper.decoding import DecodingOptions, DecodingResult, detect_language
 
-from .audio import load_audio
-from .decoding import MedusaDecodingResult, decode
+from .audio.files import load_audio
+from .decoding.window import MedusaDecodingResult, decode
 from .options import MedusaDecodingOptions
-from .heads import MedusaConfig
+from .drafting.heads import MedusaConfig
 from .loading import DEFAULT_MODEL, available_models, load_model
 from .model import MedusaWhisper
-from .transcribe import transcribe
+from .transcription.longform import transcribe
 
 __version__ = "0.1.0"
 

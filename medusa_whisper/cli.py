@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from .options import MODES, SPECULATIVE_DEFAULTS, MedusaDecodingOptions, as_medusa_options, speculative_options
 from .errors import MedusaWhisperError
-from .outputs import OUTPUT_FORMATS, WRITER_OPTIONS, formats, output_record  # noqa: F401 (output_record: API)
+from .transcription.outputs import OUTPUT_FORMATS, WRITER_OPTIONS, formats, output_record  # noqa: F401 (output_record: API)
 
 PROG = "medusa-whisper"
 COMMANDS = ("transcribe", "convert", "export-ggml", "eval", "train", "models")
@@ -176,7 +176,7 @@ def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_compute_type_arguments(parser: argparse.ArgumentParser) -> None:
-    from .compute import COMPUTE_TYPES
+    from .step.compute import COMPUTE_TYPES
 
     parser.add_argument("--compute-type", choices=COMPUTE_TYPES, default="float32",
                         help="float32; int8 (int8 weights, CPU); bfloat16; on CUDA also float16, int8_float16. "
@@ -422,8 +422,8 @@ def _transcribe(args: argparse.Namespace) -> int:
     import torch
 
     import medusa_whisper
-    from .audio import check_audio_path
-    from .batch import Summary, collect_jobs, output_clash
+    from .audio.files import check_audio_path
+    from .archive.batch import Summary, collect_jobs, output_clash
 
     for name, value in (WHISPER_DEFAULTS if args.whisper_form else TRANSCRIBE_DEFAULTS).items():
         if getattr(args, name) is UNSET:
@@ -436,7 +436,7 @@ def _transcribe(args: argparse.Namespace) -> int:
         _error(problem)
         return 2
     if args.vad_chunks or args.vad_filter:
-        from .vad import VadUnavailable, check_available
+        from .audio.vad import VadUnavailable, check_available
 
         try:
             check_available()
@@ -512,8 +512,8 @@ def _looks_like_address(text: str) -> bool:
 
 def _transcribe_on_ray(args: argparse.Namespace) -> int:
     import medusa_whisper
-    from . import distributed
-    from .batch import output_clash
+    from .archive import distributed
+    from .archive.batch import output_clash
 
     failed = 0
 
@@ -553,7 +553,7 @@ def _transcribe_on_ray(args: argparse.Namespace) -> int:
 
 
 def _run_jobs(model, jobs, args: argparse.Namespace, output_formats, summary, many: bool) -> None:
-    from .batch import transcribe_job
+    from .archive.batch import transcribe_job
 
     options = transcribe_options(args)
     writer_options = {k: getattr(args, k) for k in WRITER_OPTIONS}
@@ -581,7 +581,7 @@ def _run_jobs_batched(model, jobs, args: argparse.Namespace, options: dict, outp
                       summary, show_bars: bool, batch_size: int) -> None:
     """``--batch-size N`` over several files: their windows side by side (batch.transcribe_jobs); each
     file's text (or error) is printed as it ends, which need not be in input order."""
-    from .batch import transcribe_jobs
+    from .archive.batch import transcribe_jobs
 
     if options.get("verbose"):
         options = dict(options, verbose=None)  # segments of several files as they are decoded would interleave
@@ -603,7 +603,7 @@ def _compute_types(args: argparse.Namespace) -> dict:
     """load_model's compute-type arguments; a type the device cannot run fails before any loading."""
     import torch
 
-    from .compute import check_compute_type
+    from .step.compute import check_compute_type
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     for compute_type in (args.compute_type, args.draft_compute_type):
@@ -652,7 +652,7 @@ INT8_FILES_BATCH = 8
 
 def files_batch(args: argparse.Namespace, n_files: int, model=None) -> int:
     """How many files' windows share a pass: --batch-size; else, for several files at int8 (where a
-    batched file's outputs are byte-identical to its own), the size ``batched.default_batch_size``
+    batched file's outputs are byte-identical to its own), the size ``batches.default_batch_size``
     measures on this machine for ``model`` (INT8_FILES_BATCH without a model); else 1. float32
     batches only when asked: its products are not row-invariant, so a batched file may differ from
     the file alone in a logit's last bits."""
@@ -662,7 +662,7 @@ def files_batch(args: argparse.Namespace, n_files: int, model=None) -> int:
         return 1
     if model is None:
         return INT8_FILES_BATCH
-    from .batched import default_batch_size
+    from .decoding.batches import default_batch_size
     return default_batch_size(model)
 
 
@@ -703,7 +703,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from .convert import convert
+    from .checkpoints.convert import convert
 
     out = convert(args.src, args.out)
     print(f"wrote {out}")
@@ -711,7 +711,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _export_ggml(args: argparse.Namespace) -> int:
-    from . import ggml
+    from .checkpoints import ggml
     from .loading import load_model
 
     model = load_model(args.model, device="cpu")
@@ -737,7 +737,7 @@ def _export_ggml(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from . import weights
+    from .checkpoints import weights
 
     rows = [[row["name"], row["kind"], _present(row), str(row["source"])] for row in weights.model_table()]
     print(format_table(["NAME", "KIND", "PRESENT", "SOURCE"], rows))

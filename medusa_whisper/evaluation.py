@@ -29,9 +29,9 @@ import whisper
 from tqdm import tqdm
 from whisper.normalizers import BasicTextNormalizer, EnglishTextNormalizer
 
-from .audio import SAMPLE_RATE, load_audio
+from .audio.files import SAMPLE_RATE, load_audio
 from .options import MedusaDecodingOptions, speculative_options
-from .decoding import decode as medusa_decode
+from .decoding.window import decode as medusa_decode
 from .errors import MedusaWhisperError
 
 REQUIRED_COLUMNS = ("audio", "sentence")

@@ -30,28 +30,30 @@ LAYERS: Tuple[Layer, ...] = (
     Layer("options", "what a decoding is asked to do (whisper's DecodingOptions and speculation's): plain data, "
                      "read by the decoding loop, the proposers' factory, the command line and evaluation",
           ("medusa_whisper.options",)),
-    Layer("audio", "reading audio files, the streamed mel front end, voice activity: no model, no options",
-          ("medusa_whisper.sniff", "medusa_whisper.audio", "medusa_whisper.mel", "medusa_whisper.vad")),
-    Layer("kernels", "tensor-level pieces (measured linear routes, int8 arithmetic, row-invariant attention, the "
-                     "static cache, masks, the vocabulary projection modules, whisper's logit filters as tensor operations): no "
-                     "model, no I/O beyond the route timings' cache file",
-          ("medusa_whisper.routes", "medusa_whisper.int8_kernels", "medusa_whisper.invariant_attention",
-           "medusa_whisper.kv_cache", "medusa_whisper.masks", "medusa_whisper.projection",
-           "medusa_whisper.logit_rules", "medusa_whisper.together")),
-    Layer("proposer seam", "what the decoding loop sees of any proposer (candidate trees and their packing for the "
-                           "device's pass, propose() and commit(), the in-pass proposers' calls): plain data and "
-                           "masks, no model",
+    Layer("audio", "audio/: reading audio files, the streamed mel front end, voice activity: no model, no options",
+          ("medusa_whisper.audio", "medusa_whisper.audio.sniff", "medusa_whisper.audio.files",
+           "medusa_whisper.audio.mel", "medusa_whisper.audio.vad")),
+    Layer("kernels", "step/, its tensor-level pieces: measured linear routes, int8 arithmetic, row-invariant "
+                     "attention and masks, the static cache, the vocabulary projection modules, rows together or "
+                     "alone: no model, no I/O beyond the route timings' cache file",
+          ("medusa_whisper.step", "medusa_whisper.step.routes", "medusa_whisper.step.int8_kernels",
+           "medusa_whisper.step.attention", "medusa_whisper.step.cache", "medusa_whisper.step.projection",
+           "medusa_whisper.step.together")),
+    Layer("proposer seam", "drafting/, what the decoding loop sees of any proposer (candidate trees and their packing "
+                           "for the device's pass, propose() and commit(), the in-pass proposers' calls): plain data "
+                           "and masks, no model",
           ("medusa_whisper.drafting", "medusa_whisper.drafting.tree", "medusa_whisper.drafting.base",
            "medusa_whisper.drafting.tree_layout", "medusa_whisper.drafting.device",
            "medusa_whisper.drafting.device.base")),
-    Layer("compute types", "int8/bfloat16 layers and the load-time surgery that swaps them in (the linears, and the "
-                           "decoder's projection for its compute type)",
-          ("medusa_whisper.compute",)),
-    Layer("decoder and heads", "whisper's decoder run with explicit positions, cache slots and masks, and as one "
-                               "fixed-shape step for CUDA graphs (with the CPU's products behind the same calls: "
-                               "cpu_step); the Medusa head modules",
-          ("medusa_whisper.decoder", "medusa_whisper.step", "medusa_whisper.cpu_step", "medusa_whisper.heads")),
-    Layer("drafters", "draft head modules, the proposers (on the host, and inside the fixed-shape pass: "
+    Layer("compute types", "step/compute: int8/bfloat16 layers and the load-time surgery that swaps them in (the "
+                           "linears, and the decoder's projection for its compute type)",
+          ("medusa_whisper.step.compute",)),
+    Layer("step", "step/: the decoder step, fixed-shape (fixed: what CUDA graphs replay) or on the CPU's products "
+                  "behind the same calls (cpu, over decoder: whisper's decoder with explicit positions, slots and "
+                  "masks); drafting/heads: the Medusa head modules",
+          ("medusa_whisper.step.decoder", "medusa_whisper.step.fixed", "medusa_whisper.step.cpu",
+           "medusa_whisper.drafting.heads")),
+    Layer("drafters", "drafting/: draft head modules, the proposers (on the host, and inside the fixed-shape pass: "
                       "drafting.device), and the one factory that builds a proposer from the options; draft_head "
                       "loads eagle/ctc/union by name (importlib), unseen by ast",
           ("medusa_whisper.drafting.draft_head", "medusa_whisper.drafting.ctc_units",
@@ -62,34 +64,39 @@ LAYERS: Tuple[Layer, ...] = (
            "medusa_whisper.drafting.device.medusa", "medusa_whisper.drafting.device.eagle",
            "medusa_whisper.drafting.device.ctc", "medusa_whisper.drafting.device.union",
            "medusa_whisper.drafting.factory")),
-    Layer("decoding", "the one loop of a window (fixed_decoding: one fixed-shape pass captured as CUDA graphs, or "
-                      "the CPU's products with the host's acceptance, acceptance.verify); knows proposers only "
-                      "through the seam; the one batch loop of many windows (fixed_batched, with what batches "
-                      "share in batched); sampling and beam search as whisper's "
-                      "DecodingTask over the package's step, one Inference on either products (candidates)",
-          ("medusa_whisper.acceptance", "medusa_whisper.candidates", "medusa_whisper.fixed_decoding",
-           "medusa_whisper.decoding",
-           "medusa_whisper.batched", "medusa_whisper.fixed_batched")),
-    Layer("model", "the whisper-shaped surface: MedusaWhisper imports transcribe at top level for its method, as "
-                   "whisper/model.py does, while transcribe takes the model as an argument and never imports it",
-          ("medusa_whisper.chunked", "medusa_whisper.vad_filter", "medusa_whisper.transcribe", "medusa_whisper.model")),
-    Layer("store", "where weights come from: source formats (CTranslate2, Hugging Face), the catalogue of names, "
-                   "downloads, the file cache and its manifest; reads model.model_shapes to check conversions",
-          ("medusa_whisper.ctranslate2", "medusa_whisper.hf", "medusa_whisper.weights")),
-    Layer("loading", "a ready model from a name or path (heads, draft heads, compute type); convert writes any "
-                     "source as a whisper .pt, ggml a model as whisper.cpp's file",
-          ("medusa_whisper.loading", "medusa_whisper.convert", "medusa_whisper.ggml")),
+    Layer("decoding", "decoding/: whisper's rules as tensor operations (rules), the host's acceptance (acceptance), "
+                      "the one loop of a window (loop), knowing proposers only through the seam; best_of and beams "
+                      "as whisper's DecodingTask over the step (candidates); the public decode (window); many "
+                      "windows side by side (batches)",
+          ("medusa_whisper.decoding", "medusa_whisper.decoding.rules", "medusa_whisper.decoding.acceptance",
+           "medusa_whisper.decoding.candidates", "medusa_whisper.decoding.loop", "medusa_whisper.decoding.window",
+           "medusa_whisper.decoding.batches")),
+    Layer("transcription and model", "transcription/: long form over windows, VAD chunks and filter, the transcript "
+                                     "formats; the whisper-shaped model, which imports transcribe at top level for "
+                                     "its method, as whisper/model.py does, while transcribe takes the model as an "
+                                     "argument and never imports it",
+          ("medusa_whisper.transcription", "medusa_whisper.transcription.outputs",
+           "medusa_whisper.transcription.chunked", "medusa_whisper.transcription.vad_filter",
+           "medusa_whisper.transcription.longform", "medusa_whisper.model")),
+    Layer("checkpoints", "checkpoints/: where weights come from: source formats (CTranslate2, Hugging Face), the "
+                         "catalogue of names, downloads, the file cache and its manifest; reads model.model_shapes "
+                         "to check conversions",
+          ("medusa_whisper.checkpoints", "medusa_whisper.checkpoints.ctranslate2", "medusa_whisper.checkpoints.hf",
+           "medusa_whisper.checkpoints.weights")),
+    Layer("loading", "a ready model from a name or path (heads, draft heads, compute type); checkpoints' convert "
+                     "writes any source as a whisper .pt, ggml a model as whisper.cpp's file",
+          ("medusa_whisper.loading", "medusa_whisper.checkpoints.convert", "medusa_whisper.checkpoints.ggml")),
     Layer("facade", "the whisper-compatible top-level names (import medusa_whisper as whisper)",
           ("medusa_whisper",)),
-    Layer("applications", "transcript files, batches, Ray, WER evaluation: users of the facade",
-          ("medusa_whisper.outputs", "medusa_whisper.batch", "medusa_whisper.distributed",
+    Layer("applications", "archive/: many files, Ray; WER evaluation: users of the facade",
+          ("medusa_whisper.archive", "medusa_whisper.archive.batch", "medusa_whisper.archive.distributed",
            "medusa_whisper.evaluation")),
-    Layer("training", "fitting heads on a frozen base model: windows, cached features, one loop and what each "
-                      "head type gives it (trainer: Medusa, eagle, ctc), their CLIs",
-          ("medusa_whisper.training", "medusa_whisper.training.windows", "medusa_whisper.training.features", "medusa_whisper.training.blocks",
-           "medusa_whisper.training.plots", "medusa_whisper.training.best", "medusa_whisper.training.loop",
-           "medusa_whisper.training.trainer", "medusa_whisper.training.eagle", "medusa_whisper.training.ctc",
-           "medusa_whisper.training.ctc_cli", "medusa_whisper.training.cli")),
+    Layer("training", "training/: fitting heads on a frozen base model: windows, cached features, one loop and what "
+                      "each head type gives it (trainer: Medusa, eagle, ctc), their CLIs",
+          ("medusa_whisper.training", "medusa_whisper.training.windows", "medusa_whisper.training.features",
+           "medusa_whisper.training.blocks", "medusa_whisper.training.plots", "medusa_whisper.training.best",
+           "medusa_whisper.training.loop", "medusa_whisper.training.trainer", "medusa_whisper.training.eagle",
+           "medusa_whisper.training.ctc", "medusa_whisper.training.ctc_cli", "medusa_whisper.training.cli")),
     Layer("command line", "medusa-whisper: every subcommand, training's included",
           ("medusa_whisper.cli",)),
 )

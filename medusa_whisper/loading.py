@@ -16,10 +16,11 @@ import torch
 import whisper
 from whisper.model import ModelDimensions
 
-from . import compute, weights
+from .step import compute
+from .checkpoints import weights
 from .errors import CheckpointError
 from .drafting.draft_head import build_draft_head
-from .heads import MedusaConfig
+from .drafting.heads import MedusaConfig
 from .model import MedusaWhisper
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ from typing import Optional
 from whisper.model import ModelDimensions, Whisper
 
 from .drafting.draft_head import DraftHead
-from .heads import MedusaConfig, MedusaHeads
-# as whisper/model.py imports its transcribe: the model offers it as a method, while transcribe.py
+from .drafting.heads import MedusaConfig, MedusaHeads
+# as whisper/model.py imports its transcribe: the model offers it as a method, while transcription/longform.py
 # takes the model as an argument and never imports this module
-from .transcribe import transcribe as transcribe_function
+from .transcription.longform import transcribe as transcribe_function
 
 MEDUSA_PREFIX = "medusa."
 

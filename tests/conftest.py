@@ -39,7 +39,7 @@ def measure_afresh(tmp_path, monkeypatch):
     """A function that makes every kernel choice from then on be measured again on first use (as a
     fresh install measures), into a table of this test's own; no choice measured so is left to
     later tests. Returns the routes module, whose ``table()`` is then that table."""
-    from medusa_whisper import compute, routes
+    from medusa_whisper.step import compute, routes
 
     memos = (compute._many_rows_kernel, compute._many_rows_from)
 

@@ -12,7 +12,7 @@ import soundfile
 import torch
 import whisper
 
-from medusa_whisper.audio import audio_duration, load_audio, open_audio
+from medusa_whisper.audio.files import audio_duration, load_audio, open_audio
 from medusa_whisper.errors import AudioError
 
 DATA = Path(__file__).parent / "data"

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from whisper.model import ModelDimensions
 
 from medusa_whisper.cli import main
-from medusa_whisper.weights import HEADS_ENV
+from medusa_whisper.checkpoints.weights import HEADS_ENV
 
 from test_ctranslate2 import write_ct2_dir
 

@@ -1,13 +1,12 @@
-"""Windows decoded side by side (fixed_batched.py, on the CPU's products) get what each gets decoded alone."""
+"""Windows decoded side by side (decoding/batches.py, on the CPU's products) get what each gets decoded alone."""
 
 import pytest
 import torch
 import whisper
 
 import medusa_whisper
-from medusa_whisper.batched import batchable
-from medusa_whisper.fixed_batched import FixedBatchDecoder, decode_windows
-from medusa_whisper.decoding import decode
+from medusa_whisper.decoding.batches import BatchDecoder, batchable, decode_windows
+from medusa_whisper.decoding.window import decode
 from medusa_whisper.options import MedusaDecodingOptions
 
 CLIPS = ["tests/data/real/jfk.flac", "tests/data/espeak_weather.flac", "tests/data/flite_recipe.flac",
@@ -58,7 +57,7 @@ def test_a_batch_runs_as_few_passes_as_its_longest_window_needs(mels):
     model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
     windows = [(i, mels[i], MedusaDecodingOptions(mode="off", fp16=False, language="en")) for i in range(4)]
     results = {}
-    batch = FixedBatchDecoder(model, batch_size=4)
+    batch = BatchDecoder(model, batch_size=4)
     queue = list(windows)
     batch.run(lambda: queue.pop(0) if queue else None, results.__setitem__)
     longest = max(len(r.tokens) for r in results.values())
@@ -74,13 +73,13 @@ def test_what_can_be_batched():
     assert not batchable(MedusaDecodingOptions(temperature=0.2))
     assert not batchable(MedusaDecodingOptions(beam_size=5))
     with pytest.raises(ValueError):
-        FixedBatchDecoder(None, 0)
+        BatchDecoder(None, 0)
 
 
 def test_recordings_transcribed_side_by_side_equal_each_alone_and_a_bad_one_does_not_stop_them(tmp_path):
     """Long and short recordings (a long one keeps whisper's window-after-window rule within itself),
     and a file that is not audio: each good one's segments equal ``transcribe`` alone, at int8."""
-    from medusa_whisper.transcribe import transcribe, transcribe_many
+    from medusa_whisper.transcription.longform import transcribe, transcribe_many
 
     model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
     audio = [whisper.load_audio(f) for f in CLIPS]
@@ -141,7 +140,7 @@ def test_the_python_api_takes_a_list():
 def test_each_recording_samples_from_its_own_random_state():
     """Fallback sampling draws from torch's global generator: per recording, the draws are those of a
     fresh process whatever other recordings drew in between."""
-    from medusa_whisper.transcribe import own_random_state
+    from medusa_whisper.transcription.longform import own_random_state
 
     states = {}
     fresh = torch.Generator().get_state()
@@ -158,26 +157,68 @@ def test_each_recording_samples_from_its_own_random_state():
 
 
 def test_the_default_batch_size_is_the_cheapest_token_measured_here_or_none():
-    from medusa_whisper.batched import choose_batch_size
+    from medusa_whisper.decoding.batches import choose_batch_size
     assert choose_batch_size({1: 10.0, 2: 7.0, 4: 5.0, 8: 4.1, 16: 4.0}) == 8  # 8 is within 5 % of the best
     assert choose_batch_size({1: 10.0, 2: 7.0, 4: 5.0, 8: 4.3, 16: 4.0}) == 16
     assert choose_batch_size({1: 10.0, 2: 9.6, 4: 9.5, 8: 9.8, 16: 11.0}) == 1  # batching saves under 10 %
     assert choose_batch_size({1: 10.0, 2: 12.0, 4: 15.0}) == 1  # a CPU where a batch costs more per token
 
 
-def test_the_default_batch_size_is_measured_once_per_machine(monkeypatch):
-    from medusa_whisper import batched, routes
+def test_the_default_batch_size_is_the_whole_job_measured_once_per_machine(monkeypatch):
+    from medusa_whisper.decoding import batches
+    from medusa_whisper.step import routes
     from medusa_whisper.cli import build_parser, files_batch
     model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
-    timed = []
-    real = batched._timed_pass
-    monkeypatch.setattr(batched, "_timed_pass", lambda m, b: timed.append(b) or real(m, b))
-    costs = batched.token_costs(model, (1, 4))
-    assert sorted(costs) == [1, 4] and all(c > 0 for c in costs.values()) and timed == [1, 4]
-    assert batched.token_costs(model, (1, 4)) == costs and timed == [1, 4]  # kept: measured once
-    name = next(n for n in routes.table().choices if n.startswith("batched pass int8"))
+    jobs = []
+    real = batches._job
+    monkeypatch.setattr(batches, "_job", lambda m, b, n: jobs.append((b, n)) or real(m, b, n))
+    monkeypatch.setattr(batches, "JOB_TOKENS", (3, 6, 2))  # a short job: its lengths cycled over the windows
+    costs = batches.token_costs(model, (1, 4))
+    # a warm-up, then the windows one by one and through the batch loop, refilled
+    assert sorted(costs) == [1, 4] and all(c > 0 for c in costs.values()) and jobs == [(2, 2), (1, 3), (4, 6)]
+    assert batches.token_costs(model, (1, 4)) == costs and len(jobs) == 3  # kept: measured once
+    name = next(n for n in routes.table().choices if n.startswith("batched job int8"))
     assert routes.table().choices[name]["us"] == {str(k): round(v, 1) for k, v in costs.items()}
     args = build_parser().parse_args(["transcribe", "a.wav", "--compute-type", "int8"])
-    monkeypatch.setattr(batched, "BATCH_SIZES", (1, 4))
-    assert files_batch(args, 3, model) == batched.choose_batch_size(costs)
-    assert files_batch(args, 1, model) == 1 and timed == [1, 4]
+    monkeypatch.setattr(batches, "BATCH_SIZES", (1, 4))
+    assert files_batch(args, 3, model) == batches.choose_batch_size(costs)
+    assert files_batch(args, 1, model) == 1 and len(jobs) == 3
+
+
+def test_the_timed_job_decodes_every_window_to_its_length(monkeypatch):
+    """The job's windows run to their JOB_TOKENS lengths on both paths (end-of-text suppressed), so
+    the two paths are timed on the same tokens."""
+    from medusa_whisper.decoding import batches
+    model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    counted = {}
+    real_decode, real_windows = batches.decode, batches.decode_windows
+
+    def decode(*args, **kwargs):
+        result = real_decode(*args, **kwargs)
+        counted.setdefault(1, []).append(len(result.tokens))
+        return result
+
+    def decode_windows(model, windows, batch):
+        for key, result in real_windows(model, windows, batch):
+            counted.setdefault(batch, []).append(len(result.tokens))
+            yield key, result
+    monkeypatch.setattr(batches, "decode", decode)
+    monkeypatch.setattr(batches, "decode_windows", decode_windows)
+    monkeypatch.setattr(batches, "JOB_TOKENS", (3, 7, 5))
+    batches._job(model, 1, 3)
+    batches._job(model, 2, 3)
+    assert counted[1] == [3, 7, 5] and sorted(counted[2]) == [3, 5, 7]
+
+
+def test_the_default_follows_the_job_where_the_steady_pass_disagrees(monkeypatch):
+    """Recorded on the AVX2 EPYC (issue 46): a steady batched pass made a token 2.6x cheaper at 16
+    than at 1, yet the archive took longer at 16 than one file after another. The choice is the
+    job's: replayed from a table of job costs in that proportion, it is 1."""
+    from medusa_whisper.decoding import batches
+    from medusa_whisper.step import routes
+    steady = {1: 18500.0, 4: 9800.0, 8: 8100.0, 16: 7200.0}  # us per token, a steady pass at position 60
+    assert batches.choose_batch_size(steady) == 16
+    job = {1: 63.0 / 70.3 * 13000.0, 4: 13600.0, 8: 13300.0, 16: 13000.0}  # the archive's proportion
+    model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    monkeypatch.setattr(routes.table(), "costs", lambda name, measure: {str(k): v for k, v in job.items()})
+    assert batches.default_batch_size(model) == 1

@@ -7,9 +7,9 @@ import torch
 import whisper
 
 import medusa_whisper
-from medusa_whisper.decoder import decoder_hidden, new_cache
-from medusa_whisper.decoding import decode
-from medusa_whisper.masks import chain_mask
+from medusa_whisper.step.decoder import decoder_hidden, new_cache
+from medusa_whisper.decoding.window import decode
+from medusa_whisper.step.attention import chain_mask
 
 JFK = Path(__file__).parent / "data" / "real" / "jfk.flac"
 
@@ -50,7 +50,7 @@ def test_sampled_rows_get_whispers_logits(model, mel):
     on the same tokens, and the no-speech row too."""
     from whisper.decoding import PyTorchInference
 
-    from medusa_whisper.candidates import CandidatesInference
+    from medusa_whisper.decoding.candidates import CandidatesInference
 
     generator = torch.Generator().manual_seed(0)
     initial = [50257, 50362]  # tiny.en's start of transcript, no timestamps
@@ -132,7 +132,7 @@ def test_an_int8_beam_runs_its_prompt_once_and_gets_the_numbers_of_every_copy(me
     are those of the pass over every copy up to the many-rows kernels' rounding: a prompt row's
     bfloat16 products round by its company (1 or 3 copies), measured up to 0.21 in a logit of 27
     on an Intel AMX CPU, so a beam meeting a near tie may part (it did there: two more tokens)."""
-    from medusa_whisper import candidates
+    from medusa_whisper.decoding import candidates
     from whisper.decoding import DecodingTask
     int8 = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
     firsts = []

@@ -15,8 +15,8 @@ import pytest
 import soundfile
 
 import medusa_whisper
-from medusa_whisper import weights
-from medusa_whisper.audio import open_audio
+from medusa_whisper.checkpoints import weights
+from medusa_whisper.audio.files import open_audio
 from medusa_whisper.cli import format_table, main
 from medusa_whisper.errors import CheckpointError, ModelNotFoundError
 

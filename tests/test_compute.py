@@ -9,12 +9,13 @@ import whisper
 from whisper.decoding import DecodingOptions
 
 import medusa_whisper
-from medusa_whisper import MedusaConfig, decode, weights
+from medusa_whisper import MedusaConfig, decode
+from medusa_whisper.checkpoints import weights
 from medusa_whisper.cli import main
-from medusa_whisper.compute import (ComputeTypeError, HalfLinear, Int8Linear, apply_compute_type, check_compute_type,
-                                    cpu_has_bfloat16)
-from medusa_whisper.decoder import project
-from medusa_whisper.projection import Int8Projection
+from medusa_whisper.step.compute import (ComputeTypeError, HalfLinear, Int8Linear, apply_compute_type,
+                                         check_compute_type, cpu_has_bfloat16)
+from medusa_whisper.step.decoder import project
+from medusa_whisper.step.projection import Int8Projection
 
 from helpers import random_model, randomize_heads, with_heads
 
@@ -73,7 +74,7 @@ def test_the_int8_projection_kernel_is_measured_once_per_machine_for_every_selec
     saved = json.loads(next((tmp_path / "routes").glob("*.json")).read_text())["choices"]
     assert saved["int8 projection 3000x64"]["route"] == chosen
     again = Int8Projection.from_weight(torch.randn(3000, 64))
-    monkeypatch.setattr("medusa_whisper.projection.median_micros", lambda fn: pytest.fail("measured again"))
+    monkeypatch.setattr("medusa_whisper.step.projection.median_micros", lambda fn: pytest.fail("measured again"))
     assert again.choose_kernel() == chosen
 
 
@@ -169,7 +170,7 @@ def test_rows_are_multiplied_one_at_a_time_on_the_cpu_only():
     """On the CPU a verified row must get the bits it gets alone (lossless); on CUDA that cannot be
     had, and one product per row made every verification row cost a whole pass."""
     from whisper.model import MultiHeadAttention
-    from medusa_whisper.compute import _convert_structure
+    from medusa_whisper.step.compute import _convert_structure
 
     def alone(device_type):
         model = random_model(MedusaConfig(num_heads=1))
@@ -279,10 +280,10 @@ def test_a_model_with_a_draft_head_loads_from_its_cache(head, tmp_path, monkeypa
 
 @pytest.mark.parametrize("native", [True, False])
 def test_emulated_bfloat16_says_so_once_at_load(monkeypatch, caplog, native):
-    from medusa_whisper import compute
+    from medusa_whisper.step import compute
 
     monkeypatch.setattr(compute, "cpu_has_bfloat16", lambda: native)
-    with caplog.at_level("WARNING", logger="medusa_whisper.compute"):
+    with caplog.at_level("WARNING", logger="medusa_whisper.step.compute"):
         apply_compute_type(random_model(MedusaConfig(num_heads=1)), "bfloat16")
     warned = [r for r in caplog.records if "no native bfloat16" in r.getMessage()]
     assert len(warned) == (0 if native else 1)
@@ -291,7 +292,7 @@ def test_emulated_bfloat16_says_so_once_at_load(monkeypatch, caplog, native):
 def test_prepared_forms_are_remade_when_their_sources_change_and_not_copied():
     import copy
 
-    from medusa_whisper.int8_kernels import Prepared
+    from medusa_whisper.step.int8_kernels import Prepared
 
     prepared, made = Prepared(), []
 
@@ -313,7 +314,7 @@ def test_prepared_forms_are_remade_when_their_sources_change_and_not_copied():
 
 
 def test_the_many_rows_kernel_starts_where_it_is_faster_at_every_count_measured():
-    from medusa_whisper.compute import MANY_ROWS, TOGETHER_ROWS, first_faster
+    from medusa_whisper.step.compute import MANY_ROWS, TOGETHER_ROWS, first_faster
 
     def costs(faster_from, noise_at=None):
         out = {}
@@ -328,7 +329,7 @@ def test_the_many_rows_kernel_starts_where_it_is_faster_at_every_count_measured(
 
 
 def test_where_the_many_rows_kernel_starts_is_measured_once_per_machine(monkeypatch, tmp_path):
-    from medusa_whisper import compute
+    from medusa_whisper.step import compute
     monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
     compute._many_rows_from.cache_clear()
     start = compute.many_rows_from(96, 64)
@@ -347,7 +348,7 @@ def test_a_long_prompt_is_one_pass_of_the_many_rows_kernels_and_speculation_stil
     """The prompt pass and the cross-attention keys and values take the kernels made for many rows
     (together.py); the passes after it take the row-invariant ones, so that verified rows still get
     the bits greedy decoding gives them."""
-    from medusa_whisper import compute, together
+    from medusa_whisper.step import compute, together
 
     plain, speculative = _converted_models(tiny_en, "int8")
     words = "the quick brown fox jumps over the lazy dog while the band plays on"

@@ -1,4 +1,4 @@
-"""The fixed loop over the CPU's own products (cpu_step.CpuStep, ``MEDUSA_WHISPER_STEP=cpu``).
+"""The fixed loop over the CPU's own products (step.cpu.CpuStep, ``MEDUSA_WHISPER_STEP=cpu``).
 
 The loop CUDA captures, run with the eager step's arithmetic: it must give the eager loop's
 tokens bit for bit at every compute type (float32 and int8 here), plain and with every proposer,
@@ -13,10 +13,11 @@ import whisper
 from whisper.decoding import DecodingTask
 
 import medusa_whisper
-from medusa_whisper import MedusaDecodingOptions, decode, fixed_decoding
+from medusa_whisper import MedusaDecodingOptions, decode
+from medusa_whisper.decoding import loop
 from medusa_whisper.drafting.base import ProposerStats
 from medusa_whisper.drafting.factory import device_spec, make_proposer
-from medusa_whisper.fixed_decoding import FixedDecoder
+from medusa_whisper.decoding.loop import WindowDecoder
 
 from conftest import CLIPS, DATA
 
@@ -38,8 +39,8 @@ def window(model, mel, **options):
 @pytest.mark.parametrize("compute_type", ["float32", "int8"])
 def test_plain_decoding_on_the_cpus_products_is_the_eager_loops(compute_type, monkeypatch):
     model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type=compute_type)
-    decoder = FixedDecoder(model, torch.float32, torch.device("cpu"), products="cpu")
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "eager")
+    decoder = WindowDecoder(model, torch.float32, torch.device("cpu"), products="cpu")
+    monkeypatch.setenv(loop.STEP_ENV, "eager")
     for clip in (REAL, *CLIPS[:2]):
         for timestamps in (False, True):
             mel = mel_of(clip)
@@ -58,19 +59,19 @@ def test_speculation_on_the_cpus_int8_products_is_plain_int8_greedy(name, extra,
     """Bit-exact lossless at int8: the in-pass proposers' tokens and a host proposer's (same passes
     as the eager loop) are plain decoding's, every row multiplied and attended as alone."""
     model = medusa_whisper.load_model(name, device="cpu", compute_type="int8")
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "eager")
+    monkeypatch.setenv(loop.STEP_ENV, "eager")
     for clip in (REAL, CLIPS[0]):
         mel = mel_of(clip)
         opts, task, features = window(model, mel, **extra)
         plain = decode(model, mel, opts, mode="off")
         host = decode(model, mel, opts)
         expected = [*plain.tokens, task.tokenizer.eot]
-        in_pass = FixedDecoder(model, torch.float32, torch.device("cpu"), device_spec(model, opts), products="cpu")
+        in_pass = WindowDecoder(model, torch.float32, torch.device("cpu"), device_spec(model, opts), products="cpu")
         generation = in_pass.generate(task, features, list(task.initial_tokens), task.logit_filters, ProposerStats())
         assert generation.tokens[task.sample_begin:] == expected, clip.name
         assert generation.decoder_steps < len(expected)
         proposer = make_proposer(model, features, "en", opts, task)
-        host_loop = FixedDecoder(model, torch.float32, torch.device("cpu"), products="cpu")
+        host_loop = WindowDecoder(model, torch.float32, torch.device("cpu"), products="cpu")
         generation = host_loop.generate(task, features, list(task.initial_tokens), task.logit_filters,
                                         ProposerStats(), proposer)
         assert generation.tokens[task.sample_begin:] == expected, clip.name
@@ -81,11 +82,11 @@ def test_the_cpus_default_is_the_one_loop_on_its_own_products(monkeypatch):
     """On the CPU a window is decoded by the fixed loop over the CPU's products with the host's
     acceptance; MEDUSA_WHISPER_STEP=fixed takes the fixed-shape step and the device's instead."""
     model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "auto")
+    monkeypatch.setenv(loop.STEP_ENV, "auto")
     result = decode(model, mel_of(REAL), language="en", fp16=False)
     (decoder,) = model.fixed_decoders.values()
     assert type(decoder.step).__name__ == "CpuStep" and decoder.acceptance == "host"
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
+    monkeypatch.setenv(loop.STEP_ENV, "fixed")
     decode(model, mel_of(REAL), language="en", fp16=False)
     assert {type(d.step).__name__ for d in model.fixed_decoders.values()} == {"CpuStep", "FixedStep"}
     assert result.tokens == whisper.decode(model, mel_of(REAL), whisper.DecodingOptions(language="en", fp16=False)).tokens

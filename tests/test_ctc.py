@@ -11,8 +11,9 @@ import whisper
 from whisper.tokenizer import get_encoding, get_tokenizer
 
 import medusa_whisper
-from medusa_whisper import MedusaDecodingOptions, acceptance
-from medusa_whisper.audio import load_audio
+from medusa_whisper import MedusaDecodingOptions
+from medusa_whisper.decoding import acceptance
+from medusa_whisper.audio.files import load_audio
 from medusa_whisper.drafting.ctc import CtcDraft, CtcHead, CtcConfig, greedy_draft
 from medusa_whisper.drafting.ctc_proposer import DraftSettings, align_end, choose_chunk
 from medusa_whisper.drafting.ctc_units import Units

@@ -18,9 +18,9 @@ from whisper.audio import N_FRAMES, N_SAMPLES
 from whisper.decoding import DecodingOptions
 from whisper.model import ModelDimensions, Whisper
 
-from medusa_whisper.ctranslate2 import convert_ctranslate2, read_model_bin
+from medusa_whisper.checkpoints.ctranslate2 import convert_ctranslate2, read_model_bin
 from medusa_whisper.errors import CheckpointError
-from medusa_whisper.weights import OFFLINE_SOURCES
+from medusa_whisper.checkpoints.weights import OFFLINE_SOURCES
 
 GREEDY = DecodingOptions(language="en", without_timestamps=True, fp16=False)
 SMALL_DIMS = ModelDimensions(n_mels=4, n_audio_ctx=6, n_audio_state=8, n_audio_head=2, n_audio_layer=2,

@@ -13,7 +13,7 @@ from whisper.decoding import DecodingOptions
 
 import medusa_whisper
 from medusa_whisper import MedusaConfig, MedusaDecodingOptions, decode
-from medusa_whisper.acceptance import ExponentialDecayLengthPenalty, _accepts
+from medusa_whisper.decoding.acceptance import ExponentialDecayLengthPenalty, _accepts
 
 from helpers import random_model, randomize_heads, with_heads
 

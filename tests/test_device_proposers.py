@@ -19,7 +19,8 @@ from whisper.decoding import DecodingOptions, DecodingTask
 from whisper.tokenizer import get_tokenizer
 
 import medusa_whisper
-from medusa_whisper import MedusaConfig, decode, fixed_decoding
+from medusa_whisper import MedusaConfig, decode
+from medusa_whisper.decoding import loop
 from medusa_whisper.drafting.base import Committed, ProposerStats
 from medusa_whisper.drafting.ctc_draft import CtcDraft
 from medusa_whisper.drafting.ctc_proposer import DraftSettings
@@ -31,8 +32,8 @@ from medusa_whisper.drafting.eagle import EagleProposer
 from medusa_whisper.drafting.medusa import MedusaProposer
 from medusa_whisper.drafting.tree import CandidateTree
 from medusa_whisper.drafting.tree_layout import TreeLayout, pack_on_device
-from medusa_whisper.fixed_decoding import FixedDecoder
-from medusa_whisper.step import FixedStep
+from medusa_whisper.decoding.loop import WindowDecoder
+from medusa_whisper.step.fixed import FixedStep
 
 from conftest import CLIPS, DATA
 from helpers import random_model, randomize_heads
@@ -275,10 +276,10 @@ def test_device_proposers_give_greedy_tokens(name, extra, monkeypatch):
         for timestamps in (False, True):
             mel = mel_of(clip)
             opts = options(without_timestamps=not timestamps)
-            monkeypatch.setenv(fixed_decoding.STEP_ENV, "eager")
+            monkeypatch.setenv(loop.STEP_ENV, "eager")
             plain = decode(model, mel, opts, mode="off")
             host = decode(model, mel, opts, **extra)
-            monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
+            monkeypatch.setenv(loop.STEP_ENV, "fixed")
             fixed = decode(model, mel, opts, **extra)
             assert fixed.tokens == plain.tokens, (clip.name, timestamps)
             assert fixed.avg_logprob == pytest.approx(plain.avg_logprob, abs=1e-4)
@@ -294,7 +295,7 @@ def test_random_heads_in_a_tree_are_mostly_refused_and_lossless(monkeypatch):
     torch.manual_seed(3)
     mel = torch.randn(80, 3000)
     opts = options(without_timestamps=True)
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
+    monkeypatch.setenv(loop.STEP_ENV, "fixed")
     for sample_len in (None, 37):
         kw = {} if sample_len is None else {"sample_len": sample_len}
         fixed = decode(model, mel, opts, tree_width=2, tree_nodes=5, **kw)
@@ -304,7 +305,7 @@ def test_random_heads_in_a_tree_are_mostly_refused_and_lossless(monkeypatch):
 
 def test_one_host_read_per_pass_with_a_device_proposer(monkeypatch):
     model = medusa_whisper.load_model("tiny.en-ctc", device="cpu")
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
+    monkeypatch.setenv(loop.STEP_ENV, "fixed")
     result = decode(model, mel_of(REAL), options())
     decoder = next(d for d in model.fixed_decoders.values() if d.proposer is not None)
     reads = decoder.host_reads
@@ -321,7 +322,7 @@ def test_several_passes_per_read_give_the_same_tokens(name, extra, monkeypatch):
     """Passes replayed back to back before one read (CUDA's default): the window's end is found
     afterwards, and the passes after it change nothing."""
     model = medusa_whisper.load_model(name, device="cpu")
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
+    monkeypatch.setenv(loop.STEP_ENV, "fixed")
     for clip in (REAL, CLIPS[1]):
         mel = mel_of(clip)
         one = decode(model, mel, options(), **extra)
@@ -351,7 +352,7 @@ def test_a_pass_that_drafts_never_reads_the_device_on_the_host(name, extra):
     opts = medusa_whisper.MedusaDecodingOptions(language="en", fp16=False, **extra)
     from medusa_whisper.drafting.factory import device_spec
 
-    decoder = FixedDecoder(model, torch.float32, torch.device("cpu"), device_spec(model, opts))
+    decoder = WindowDecoder(model, torch.float32, torch.device("cpu"), device_spec(model, opts))
     task = DecodingTask(model, opts)
     rules = decoder._rules(task.logit_filters, model.dims.n_vocab)
     with torch.no_grad():
@@ -395,10 +396,10 @@ def test_captured_device_proposers_equal_the_uncaptured_loop(suffix, extra):
     with torch.no_grad():
         features = model.embed_audio(mel_of(REAL)[None].cuda().half())
     initial = list(task.initial_tokens)
-    plain = FixedDecoder(model, torch.float16, torch.device("cuda"))
+    plain = WindowDecoder(model, torch.float16, torch.device("cuda"))
     expected = plain.generate(task, features, initial, task.logit_filters, ProposerStats()).tokens
     for capture in (False, True):
-        decoder = FixedDecoder(model, torch.float16, torch.device("cuda"), device_spec(model, opts), capture=capture)
+        decoder = WindowDecoder(model, torch.float16, torch.device("cuda"), device_spec(model, opts), capture=capture)
         for _ in range(2):
             generation = decoder.generate(task, features, initial, task.logit_filters, ProposerStats())
             assert generation.tokens == expected, capture

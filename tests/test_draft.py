@@ -14,7 +14,7 @@ import whisper
 from whisper.tokenizer import get_tokenizer
 
 import medusa_whisper
-from medusa_whisper.audio import load_audio
+from medusa_whisper.audio.files import load_audio
 from medusa_whisper.drafting.base import Committed, ProposerStats
 from medusa_whisper.drafting.draft_model import GROW_ABOVE, SHRINK_BELOW, Drafter, TokenMapping, token_mapping
 
@@ -153,7 +153,7 @@ def test_rolled_back_draft_cache_equals_a_fresh_cache_of_the_kept_tokens(clips):
     import torch
     from whisper.decoding import DecodingOptions, DecodingTask
 
-    from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache
+    from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache
 
     tiny = medusa_whisper.load_model("tiny.en", device="cpu")
     mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(load_audio(clips[0])))[None]

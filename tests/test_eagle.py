@@ -10,7 +10,7 @@ import whisper
 
 import medusa_whisper
 from medusa_whisper import decode
-from medusa_whisper.audio import load_audio
+from medusa_whisper.audio.files import load_audio
 from medusa_whisper.drafting.base import Committed
 from medusa_whisper.drafting.draft_head import draft_head_file
 from medusa_whisper.drafting.eagle import EagleProposer

@@ -1,4 +1,4 @@
-"""Windows side by side on the fixed-shape step (fixed_batched.py) get what each gets decoded alone.
+"""Windows side by side on the fixed-shape step (decoding/batches.py) get what each gets decoded alone.
 
 On the CPU the batch's pass runs uncaptured (on CUDA it is one CUDA graph); its tokens must be each
 window's own greedy tokens, with items refilled as streams end at different steps, prompts of
@@ -11,10 +11,10 @@ import torch
 import whisper
 
 import medusa_whisper
-from medusa_whisper import fixed_decoding
-from medusa_whisper.audio import load_audio
-from medusa_whisper.decoding import decode
-from medusa_whisper.fixed_batched import FixedBatchDecoder, batch_decoder
+from medusa_whisper.decoding import loop
+from medusa_whisper.audio.files import load_audio
+from medusa_whisper.decoding.window import decode
+from medusa_whisper.decoding.batches import BatchDecoder, batch_decoder
 from medusa_whisper.options import MedusaDecodingOptions
 
 CLIPS = ["tests/data/real/jfk.flac", "tests/data/espeak_weather.flac", "tests/data/flite_recipe.flac",
@@ -46,9 +46,9 @@ def test_windows_side_by_side_equal_each_alone(tiny_en, mels, monkeypatch):
                 MedusaDecodingOptions(**plain, sample_len=3),  # ends after three tokens: its item is refilled
                 MedusaDecodingOptions(**plain, without_timestamps=True)]  # other rules: decoded alone
     windows = [(i, mels[i % len(mels)], variants[i % len(variants)]) for i in range(9)]
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "eager")
+    monkeypatch.setenv(loop.STEP_ENV, "eager")
     alone = {key: decode(tiny_en, mel, options) for key, mel, options in windows}
-    decoder = FixedBatchDecoder(tiny_en, batch_size=3, products="fixed")
+    decoder = BatchDecoder(tiny_en, batch_size=3, products="fixed")
     together = run(decoder, windows)
     assert sorted(together) == sorted(alone)
     for key, expected in alone.items():
@@ -65,7 +65,7 @@ def test_windows_side_by_side_equal_each_alone(tiny_en, mels, monkeypatch):
 
 
 def test_a_batch_pass_never_reads_the_device_on_the_host(tiny_en, mels):
-    decoder = FixedBatchDecoder(tiny_en, batch_size=2, products="fixed")
+    decoder = BatchDecoder(tiny_en, batch_size=2, products="fixed")
     windows = [(0, mels[0], MedusaDecodingOptions(mode="off", fp16=False, language="en"))]
     decoder._start(0, lambda key, result: None, *windows[0])  # the step and rules, made for this window
     torch._dynamo.reset()
@@ -75,13 +75,13 @@ def test_a_batch_pass_never_reads_the_device_on_the_host(tiny_en, mels):
 
 
 def test_transcribe_many_takes_the_fixed_step_where_it_is_wanted(tiny_en, monkeypatch):
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
+    monkeypatch.setenv(loop.STEP_ENV, "fixed")
     assert batch_decoder(tiny_en, 4).products == "fixed"
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "auto")  # the CPU keeps its row-invariant batched step
+    monkeypatch.setenv(loop.STEP_ENV, "auto")  # the CPU keeps its row-invariant batched step
     assert batch_decoder(tiny_en, 4).products == "cpu"
     results = {}
     for step in ("eager", "fixed"):
-        monkeypatch.setenv(fixed_decoding.STEP_ENV, step)
+        monkeypatch.setenv(loop.STEP_ENV, step)
         out = medusa_whisper.transcribe(tiny_en, CLIPS[:3], language="en", batch_size=2, fp16=False)
         results[step] = [r["text"] for r in out]
     assert results["fixed"] == results["eager"]
@@ -94,6 +94,6 @@ def test_the_captured_batch_equals_the_uncaptured_one(mels):
     plain = dict(mode="off", fp16=True, language="en")
     windows = [(i, mels[i % len(mels)].cuda(), MedusaDecodingOptions(**plain, sample_len=224 if i % 2 == 0 else 5))
                for i in range(7)]
-    results = [run(FixedBatchDecoder(model, batch_size=4, capture=capture), windows) for capture in (False, True)]
+    results = [run(BatchDecoder(model, batch_size=4, capture=capture), windows) for capture in (False, True)]
     for key in results[0]:
         assert results[1][key].tokens == results[0][key].tokens, key

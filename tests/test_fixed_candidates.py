@@ -12,10 +12,10 @@ import torch
 import whisper
 
 import medusa_whisper
-from medusa_whisper import fixed_decoding
-from medusa_whisper.audio import load_audio
-from medusa_whisper.candidates import CandidatesInference
-from medusa_whisper.decoding import decode
+from medusa_whisper.decoding import loop
+from medusa_whisper.audio.files import load_audio
+from medusa_whisper.decoding.candidates import CandidatesInference
+from medusa_whisper.decoding.window import decode
 
 from conftest import DATA
 
@@ -34,7 +34,7 @@ def mel(model):
 
 
 def decode_on(step: str, monkeypatch, model, mel, **options):
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, step)
+    monkeypatch.setenv(loop.STEP_ENV, step)
     torch.manual_seed(0)
     return decode(model, mel, fp16=False, language="en", **options)
 
@@ -113,7 +113,7 @@ def test_the_fallback_of_transcribe_on_the_fixed_step(model, monkeypatch):
     on the fixed step are those of the eager step, and its candidates ran there."""
     results = {}
     for step in ("eager", "fixed"):
-        monkeypatch.setenv(fixed_decoding.STEP_ENV, step)
+        monkeypatch.setenv(loop.STEP_ENV, step)
         model.__dict__.pop("fixed_candidate_steps", None)
         torch.manual_seed(0)
         results[step] = medusa_whisper.transcribe(model, str(JFK), temperature=(0.0, 0.5, 1.0), logprob_threshold=0.0,
@@ -165,7 +165,7 @@ def test_captured_candidates_equal_the_uncaptured_ones(monkeypatch):
     same passes give uncaptured (the fixed step compiled away: plain ``_pass`` calls)."""
     import os
 
-    from medusa_whisper import candidates
+    from medusa_whisper.decoding import candidates
 
     name = os.environ.get("MEDUSA_WHISPER_CUDA_TEST_MODEL", "tiny.en")
     cuda = medusa_whisper.load_model(name, device="cuda")

@@ -1,4 +1,4 @@
-"""The fixed-shape step and its decoding loop (step.py, fixed_decoding.py) against the eager ones.
+"""The fixed-shape step and its decoding loop (step/fixed.py, decoding/loop.py) against the eager ones.
 
 On the CPU the fixed-shape loop is what CUDA graphs capture, run eagerly: its tokens must be the
 eager loop's (and so whisper's greedy tokens), with and without timestamps, with prompts that move
@@ -19,13 +19,13 @@ from whisper.decoding import DecodingOptions, DecodingTask
 
 import medusa_whisper
 from medusa_whisper import MedusaConfig, decode
-from medusa_whisper import fixed_decoding
-from medusa_whisper.decoder import decoder_hidden, new_cache, project
+from medusa_whisper.decoding import loop
+from medusa_whisper.step.decoder import decoder_hidden, new_cache, project
 from medusa_whisper.drafting.tree import CandidateTree, best_first
 from medusa_whisper.drafting.base import Proposer, ProposerStats
 from medusa_whisper.drafting.factory import DeviceSpec, make_proposer
-from medusa_whisper.fixed_decoding import FixedDecoder, decoder_for
-from medusa_whisper.step import FixedStep
+from medusa_whisper.decoding.loop import WindowDecoder, decoder_for
+from medusa_whisper.step.fixed import FixedStep
 from medusa_whisper.drafting.tree_layout import TreeLayout
 
 from conftest import CLIPS, DATA
@@ -44,7 +44,7 @@ def options(**kw):
 
 
 def decode_with(step: str, monkeypatch, *args, **kwargs):
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, step)
+    monkeypatch.setenv(loop.STEP_ENV, step)
     return decode(*args, **kwargs)
 
 
@@ -145,7 +145,7 @@ def test_prompts_of_different_lengths_reuse_the_decoder(tiny_en_medusa, monkeypa
 
 
 def test_one_host_read_per_pass(tiny_en_medusa, real_features):
-    decoder = FixedDecoder(tiny_en_medusa, torch.float32, torch.device("cpu"), DeviceSpec("medusa", 1))
+    decoder = WindowDecoder(tiny_en_medusa, torch.float32, torch.device("cpu"), DeviceSpec("medusa", 1))
     task = DecodingTask(tiny_en_medusa, options())
     stats = ProposerStats()
     generation = decoder.generate(task, real_features, list(task.initial_tokens), task.logit_filters, stats)
@@ -156,7 +156,7 @@ def test_one_host_read_per_pass(tiny_en_medusa, real_features):
 def test_a_pass_never_reads_the_device_on_the_host(tiny_en_medusa):
     """torch.compile's full-graph tracing fails on .item(), .tolist(), a tensor's truth value or a
     shape that depends on data: what a CUDA graph cannot capture either."""
-    decoder = FixedDecoder(tiny_en_medusa, torch.float32, torch.device("cpu"), DeviceSpec("medusa", 1))
+    decoder = WindowDecoder(tiny_en_medusa, torch.float32, torch.device("cpu"), DeviceSpec("medusa", 1))
     task = DecodingTask(tiny_en_medusa, options())
     rules = decoder._rules(task.logit_filters, tiny_en_medusa.dims.n_vocab)
     decoder.length.fill_(5)
@@ -200,7 +200,7 @@ def test_host_proposers_trees_verified_on_the_device_as_by_the_eager_loop(name, 
             features = model.embed_audio(mel[None])
         task = DecodingTask(model, opts)
         proposer = make_proposer(model, features, "en", opts, task)
-        decoder = FixedDecoder(model, torch.float32, torch.device("cpu"))
+        decoder = WindowDecoder(model, torch.float32, torch.device("cpu"))
         stats = ProposerStats()
         fixed = decoder.generate(task, features, list(task.initial_tokens), task.logit_filters, stats, proposer)
         assert fixed.tokens[task.sample_begin:] == [*eager.tokens, task.tokenizer.eot], clip.name
@@ -231,9 +231,9 @@ class TwinProposer(Proposer):
 def test_a_sibling_with_an_earlier_twin_is_never_kept(tiny_en, real_features):
     task = DecodingTask(tiny_en, options())
     initial = list(task.initial_tokens)
-    reference = FixedDecoder(tiny_en, torch.float32, torch.device("cpu"))
+    reference = WindowDecoder(tiny_en, torch.float32, torch.device("cpu"))
     truth = reference.generate(task, real_features, initial, task.logit_filters, ProposerStats()).tokens
-    decoder = FixedDecoder(tiny_en, torch.float32, torch.device("cpu"))
+    decoder = WindowDecoder(tiny_en, torch.float32, torch.device("cpu"))
     proposer = TwinProposer(truth)
     generation = decoder.generate(task, real_features, initial, task.logit_filters, ProposerStats(), proposer)
     assert generation.tokens == truth
@@ -246,7 +246,7 @@ def test_what_the_fixed_step_leaves_to_the_host(monkeypatch):
     base_head model's logits) goes to the CPU's products and the host's acceptance, as does
     everything on the CPU unless MEDUSA_WHISPER_STEP asks for the fixed step."""
     features = torch.zeros(1, 1500, 384)
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "fixed")
+    monkeypatch.setenv(loop.STEP_ENV, "fixed")
     block = random_model(MedusaConfig(num_heads=2, heads_type="block"))
     linear = random_model(MedusaConfig(num_heads=2))
     base_head = random_model(MedusaConfig(num_heads=2, heads_type="base_head"))
@@ -262,10 +262,10 @@ def test_what_the_fixed_step_leaves_to_the_host(monkeypatch):
     assert acceptance(linear, mode="typical") == acceptance(linear, lossy_ctc_entropy=0.5) == "host"
     assert acceptance(base_head, mode="off") == "host"  # its logits go through head 0
     assert acceptance(linear) == "device"
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "auto")  # on the CPU, auto is the host's acceptance
+    monkeypatch.setenv(loop.STEP_ENV, "auto")  # on the CPU, auto is the host's acceptance
     assert acceptance(linear) == "host"
-    monkeypatch.setenv(fixed_decoding.STEP_ENV, "graphs")
-    with pytest.raises(ValueError, match=fixed_decoding.STEP_ENV):
+    monkeypatch.setenv(loop.STEP_ENV, "graphs")
+    with pytest.raises(ValueError, match=loop.STEP_ENV):
         decoder_for(linear, features, options())
 
 
@@ -283,7 +283,7 @@ def test_captured_graphs_equal_the_uncaptured_loop(dtype):
         features = model.embed_audio(mel_of(REAL)[None].cuda().to(dtype))
     results = []
     for capture in (False, True):
-        decoder = FixedDecoder(model, dtype, torch.device("cuda"), DeviceSpec("medusa", 1), capture=capture)
+        decoder = WindowDecoder(model, dtype, torch.device("cuda"), DeviceSpec("medusa", 1), capture=capture)
         for _ in range(2):  # the second window replays graphs captured in the first
             results.append(decoder.generate(task, features, list(task.initial_tokens), task.logit_filters,
                                             ProposerStats()))
@@ -297,7 +297,7 @@ def test_one_synchronisation_per_captured_pass():
     task = DecodingTask(model, options(fp16=True))
     with torch.no_grad():
         features = model.embed_audio(mel_of(REAL)[None].cuda().half())
-    decoder = FixedDecoder(model, torch.float16, torch.device("cuda"), DeviceSpec("medusa", 1))
+    decoder = WindowDecoder(model, torch.float16, torch.device("cuda"), DeviceSpec("medusa", 1))
     initial = list(task.initial_tokens)
     decoder.generate(task, features, initial, task.logit_filters, ProposerStats())  # captures
     torch.cuda.synchronize()

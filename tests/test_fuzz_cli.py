@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from medusa_whisper import weights
+from medusa_whisper.checkpoints import weights
 
 from fuzz_inputs import build
 

@@ -1,4 +1,4 @@
-"""whisper.cpp's ggml file (medusa_whisper/ggml.py): what is written reads back as the model's
+"""whisper.cpp's ggml file (medusa_whisper/checkpoints/ggml.py): what is written reads back as the model's
 weights, under the names, shapes and types whisper.cpp's loader expects, and whisper.cpp itself
 transcribes with it what openai-whisper transcribes with the same weights."""
 
@@ -14,7 +14,7 @@ import torch
 import whisper
 
 import medusa_whisper
-from medusa_whisper import ggml
+from medusa_whisper.checkpoints import ggml
 from medusa_whisper.cli import main
 
 DATA = Path(__file__).parent / "data"

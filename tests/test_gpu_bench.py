@@ -5,7 +5,7 @@ import pytest
 import whisper
 
 import medusa_whisper
-from medusa_whisper.audio import load_audio
+from medusa_whisper.audio.files import load_audio
 from tools.bench.gpu import Clip, Row, long_differences, windows_of
 
 from conftest import DATA

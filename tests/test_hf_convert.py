@@ -22,7 +22,7 @@ from transformers import WhisperConfig, WhisperForConditionalGeneration  # noqa:
 from transformers.models.whisper.modeling_whisper import WhisperDecoderLayer  # noqa: E402
 
 import medusa_whisper  # noqa: E402
-from medusa_whisper.convert import convert  # noqa: E402
+from medusa_whisper.checkpoints.convert import convert  # noqa: E402
 from medusa_whisper.errors import CheckpointError  # noqa: E402
 from medusa_whisper.training.features import teacher_forced_states  # noqa: E402
 
@@ -262,7 +262,7 @@ def test_published_names_download_once_then_load_from_the_cache(tmp_path, monkey
     """large-v2-medusa goes through huggingface_hub (replaced here by a local folder), is converted
     once and then comes from the cache; without a network the error is one line saying what to do."""
     huggingface_hub = pytest.importorskip("huggingface_hub")
-    from medusa_whisper import weights
+    from medusa_whisper.checkpoints import weights
     from medusa_whisper.errors import DownloadError
 
     monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path / "cache"))

@@ -12,7 +12,7 @@ import torch
 import whisper
 
 import medusa_whisper
-from medusa_whisper.decoder import project
+from medusa_whisper.step.decoder import project
 
 JFK = Path(__file__).parent / "data" / "real" / "jfk.flac"
 CONTEXTS = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad, "none": contextlib.nullcontext}
@@ -40,7 +40,7 @@ def test_load_and_transcribe_inside_the_context(context, name, reference):
 def test_weights_loaded_in_inference_mode_are_not_served_stale(monkeypatch, route):
     """Inference tensors have no version counter: a state dict loaded into the model (copy_, in place,
     same storage) must still renew the projection's prepared copies, on either route."""
-    from medusa_whisper import projection
+    from medusa_whisper.step import projection
 
     monkeypatch.setattr(projection, "route_for", lambda kind, weight, n: route)
     with torch.inference_mode():

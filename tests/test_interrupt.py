@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import soundfile
 
-from medusa_whisper import outputs
-from medusa_whisper.outputs import atomic_write
+from medusa_whisper.transcription import outputs
+from medusa_whisper.transcription.outputs import atomic_write
 
 ROOT = Path(__file__).parent.parent
 JFK = Path(__file__).parent / "data" / "real" / "jfk.flac"

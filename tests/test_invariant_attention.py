@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 
 import medusa_whisper
-from medusa_whisper.compute import apply_compute_type, invariant_dtype
-from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project
-from medusa_whisper.invariant_attention import (INVARIANT_DTYPE, MAX_ROWS, SLOT_STEP, attended_slots, every_slot_mask,
+from medusa_whisper.step.compute import apply_compute_type, invariant_dtype
+from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.step.attention import (INVARIANT_DTYPE, MAX_ROWS, SLOT_STEP, attended_slots, every_slot_mask,
                                                 invariant_attention, product_rows, rows_are_invariant, slot_step)
 
 # the int8 decoder's dtype for it on this CPU (bfloat16 where native); float32 for the function alone
@@ -120,7 +120,7 @@ def test_bfloat16_cross_keys_are_centred_so_scores_keep_their_precision():
     bfloat16 from centred features, which softmax does not see."""
     from types import SimpleNamespace
 
-    from medusa_whisper.kv_cache import CrossKV
+    from medusa_whisper.step.cache import CrossKV
 
     torch.manual_seed(3)
     n_head, d_head, n_audio = 8, 64, 1500
@@ -148,7 +148,7 @@ def test_bfloat16_cross_keys_are_centred_so_scores_keep_their_precision():
 def test_self_attention_over_the_written_slots_rounded_up_gets_the_bits_of_every_slot(monkeypatch):
     """The int8 decoder's steps attend over the cache's first ``attended_slots`` slots, not all 448:
     a pass gives the same logits as one over every slot, and the slots follow the pass's end."""
-    import medusa_whisper.decoder as decoder_module
+    import medusa_whisper.step.decoder as decoder_module
 
     capacity = 448
     step = slot_step(HERE, 6, 64, capacity)

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from medusa_whisper import MedusaConfig
-from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache, project
 from medusa_whisper.drafting.base import Committed
 from medusa_whisper.drafting.medusa import MedusaProposer
-from medusa_whisper.kv_cache import StaticKVCache
+from medusa_whisper.step.cache import StaticKVCache
 
 from helpers import random_model
 

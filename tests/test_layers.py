@@ -175,3 +175,27 @@ def test_the_package_never_imports_the_repository_tools():
             if any(name == "tools" or name.startswith("tools.") for name in names):
                 offenders.append(f"{module}:{node.lineno}")
     assert not offenders, "medusa_whisper imports tools: " + ", ".join(offenders)
+
+
+def folder_of(module: str) -> str:
+    """The unit the layout shows: a subpackage (``medusa_whisper.step``) for the modules in it, the
+    module itself at the top (``medusa_whisper.model``, the facade ``medusa_whisper``)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (ROOT / parts[-1]).is_dir() else module
+
+
+def test_the_folders_import_one_way():
+    """Between the subpackages (and the top-level modules), imports make no cycle: each folder sits
+    above the ones it imports, as the layers do within it."""
+    graph: Dict[str, List[Import]] = {}
+    for module, imports in import_graph().items():
+        here = folder_of(module)
+        graph.setdefault(here, [])
+        graph[here] += [Import(folder_of(i.target), i.line) for i in imports if folder_of(i.target) != here]
+    cycle = find_cycle(graph)
+    assert cycle is None, "folders import each other: " + " -> ".join(cycle)
+
+
+def test_the_top_folder_holds_at_most_a_dozen_modules():
+    top = sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 12, f"{len(top)} modules at the top of the package: {top}"

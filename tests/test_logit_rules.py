@@ -1,11 +1,11 @@
-"""whisper's logit filters on the device (logit_rules.DeviceRules) equal whisper's own, row by row."""
+"""whisper's logit filters on the device (rules.DeviceRules) equal whisper's own, row by row."""
 
 import pytest
 import torch
 from whisper.decoding import ApplyTimestampRules, SuppressBlank, SuppressTokens
 from whisper.tokenizer import get_tokenizer
 
-from medusa_whisper.logit_rules import DeviceRules, RuleSettings
+from medusa_whisper.decoding.rules import DeviceRules, RuleSettings
 
 
 class Unknown(SuppressTokens):

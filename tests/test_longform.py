@@ -18,10 +18,10 @@ import whisper
 from whisper.audio import N_SAMPLES
 
 import medusa_whisper
-from medusa_whisper import audio as audio_module
-from medusa_whisper.audio import AudioSamples, load_audio, open_audio
+from medusa_whisper.audio import files as audio_module
+from medusa_whisper.audio.files import AudioSamples, load_audio, open_audio
 from medusa_whisper.cli import main
-from medusa_whisper.mel import SCAN_FRAMES, LogMelFrames
+from medusa_whisper.audio.mel import SCAN_FRAMES, LogMelFrames
 
 from tools.data import long_audio as make_long_audio
 
@@ -197,7 +197,7 @@ def test_an_int8_tree_with_forced_fallback_equals_int8_plain_decoding_from_the_s
 def test_initial_prompt_is_carried_into_every_window(block_model, monkeypatch):
     import importlib
 
-    transcribe_module = importlib.import_module("medusa_whisper.transcribe")  # the module, not the function
+    transcribe_module = importlib.import_module("medusa_whisper.transcription.longform")  # the module, not the function
 
     prompts = []
     original = transcribe_module.decode

@@ -21,10 +21,10 @@ import soundfile
 
 ray = pytest.importorskip("ray")
 
-from medusa_whisper import distributed  # noqa: E402
-from medusa_whisper.batch import collect_jobs  # noqa: E402
+from medusa_whisper.archive import distributed  # noqa: E402
+from medusa_whisper.archive.batch import collect_jobs  # noqa: E402
 from medusa_whisper.cli import WRITER_OPTIONS, build_parser, transcribe_options  # noqa: E402
-from medusa_whisper.outputs import formats  # noqa: E402
+from medusa_whisper.transcription.outputs import formats  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -218,7 +218,7 @@ def test_a_group_goes_to_an_actor_as_one_call(monkeypatch, tmp_path):
     monkeypatch.setattr(distributed, "import_ray", lambda: FakeRay())
     monkeypatch.setattr(distributed, "audio_seconds_guess", lambda path: float(Path(path).stem[1:]))
     monkeypatch.setattr(distributed, "_start", lambda ray, actors: {a: 1 for a in actors})
-    from medusa_whisper.batch import Job
+    from medusa_whisper.archive.batch import Job
 
     jobs = [Job(f"/x/a{seconds}.wav") for seconds in (5, 50, 20, 40, 10, 30, 60)]
     summary = distributed.transcribe_archive(jobs, tmp_path, ["txt"], {}, {},

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medusa_whisper import decoder, projection, routes
-from medusa_whisper.routes import ROUNDS, ROW_COUNTS, WEIGHT_FIRST, WHISPER_ROUTE, RouteTable
+from medusa_whisper.step import decoder, projection, routes
+from medusa_whisper.step.routes import ROUNDS, ROW_COUNTS, WEIGHT_FIRST, WHISPER_ROUTE, RouteTable
 
 
 def fake_timer(calls):
@@ -73,7 +73,7 @@ def test_an_unreadable_cache_file_is_measured_again(tmp_path):
 
 def test_a_second_process_reuses_the_measured_choices(tmp_path):
     # as on an idle machine (a busy one makes the next process time its choices again: tested below)
-    script = ("import torch; from medusa_whisper import routes; torch.set_num_threads(2); "
+    script = ("import torch; from medusa_whisper.step import routes; torch.set_num_threads(2); "
               "routes._preemptions = lambda: 0; w = torch.randn(96, 64); r = routes.route_for('linear', w, 1); "
               "print(routes.table().measured, r)")
     env = {**os.environ, "MEDUSA_WHISPER_CACHE": str(tmp_path)}
@@ -224,7 +224,7 @@ def test_choices_timed_with_the_kernels_capped_are_kept_apart(monkeypatch):
 
 
 def test_kernels_capped_below_bfloat16_count_as_a_cpu_without_it(monkeypatch):
-    from medusa_whisper import compute
+    from medusa_whisper.step import compute
     for name in routes.DISPATCH_ENV:
         monkeypatch.delenv(name, raising=False)
     assert not compute._dispatch_capped_below_bfloat16()
@@ -259,7 +259,7 @@ def test_the_int8_kernel_choices_made_on_first_use_draw_nothing_from_the_callers
     crossing, measured on first use in the middle of a run, draw their random weights and rows from
     the measurement's own random state (an int8 run's sampled fallback windows shifted otherwise, so
     a speculative run sampled other text than plain decoding from the same seed)."""
-    from medusa_whisper import compute
+    from medusa_whisper.step import compute
 
     layer = projection.Int8Projection.from_weight(torch.randn(300, 64))
     measure_afresh()

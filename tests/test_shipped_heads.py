@@ -12,8 +12,8 @@ import torch
 import whisper
 
 import medusa_whisper
-from medusa_whisper import weights
-from medusa_whisper.audio import load_audio
+from medusa_whisper.checkpoints import weights
+from medusa_whisper.audio.files import load_audio
 
 SHIPPED = [name for base in ("tiny.en", "base") for name in (f"{base}-medusa", f"{base}-medusa-block")
            if weights.heads_file(name).is_file()]

@@ -9,9 +9,9 @@ import whisper
 
 import medusa_whisper
 from medusa_whisper import MedusaConfig
-from medusa_whisper.audio import load_audio
+from medusa_whisper.audio.files import load_audio
 from medusa_whisper.cli import main
-from medusa_whisper.heads import MedusaHeads
+from medusa_whisper.drafting.heads import MedusaHeads
 from medusa_whisper.training import features, trainer, windows
 from medusa_whisper.training.trainer import IGNORE, HeadsTrainer, TrainConfig, window_targets
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from medusa_whisper import MedusaConfig
-from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache
+from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache
 from medusa_whisper.drafting.tree import CandidateTree, best_first, top_nodes
 
 from helpers import random_model

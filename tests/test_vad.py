@@ -10,9 +10,10 @@ import soundfile
 import torch
 
 import medusa_whisper
-from medusa_whisper import chunked, vad
-from medusa_whisper.vad_filter import KeptSpeech
-from medusa_whisper.audio import load_audio
+from medusa_whisper.transcription import chunked
+from medusa_whisper.audio import vad
+from medusa_whisper.transcription.vad_filter import KeptSpeech
+from medusa_whisper.audio.files import load_audio
 from medusa_whisper.cli import main
 
 from tools.data import long_audio as make_long_audio

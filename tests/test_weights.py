@@ -12,9 +12,9 @@ import torch
 import whisper
 from whisper.model import ModelDimensions, Whisper
 
-from medusa_whisper import weights
+from medusa_whisper.checkpoints import weights
 from medusa_whisper.errors import CheckpointError, DownloadError, ModelNotFoundError
-from medusa_whisper.weights import (CACHE_ENV, HEADS_ENV, Resolved, available_models, cache_dir,
+from medusa_whisper.checkpoints.weights import (CACHE_ENV, HEADS_ENV, Resolved, available_models, cache_dir,
                                     load_checkpoint, model_table, resolve, save_checkpoint)
 
 from test_ctranslate2 import write_ct2_dir

@@ -74,7 +74,7 @@ def test_an_installed_wheel_loads_every_shipped_head(wheel, tmp_path):
     bases = sorted({name.split("-")[0] for name in SHIPPED})
     script = (
         "import json, medusa_whisper\n"
-        "from medusa_whisper import weights\n"
+        "from medusa_whisper.checkpoints import weights\n"
         f"names = {[*bases, *SHIPPED]!r}\n"
         "loaded = {}\n"
         "for name in names:\n"

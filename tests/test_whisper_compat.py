@@ -21,7 +21,7 @@ import whisper
 from whisper.transcribe import cli as whisper_cli
 
 import medusa_whisper
-from medusa_whisper import weights
+from medusa_whisper.checkpoints import weights
 from medusa_whisper.cli import build_parser, main, transcribe_options
 
 ROOT = Path(__file__).parent.parent

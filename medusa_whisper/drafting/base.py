@@ -1,6 +1,6 @@
 """The proposer seam: everything that drafts candidates implements these two calls.
 
-The decoding loop (``fixed_decoding.FixedDecoder``) does not know which proposer it has. Each step it
+The decoding loop (``loop.WindowDecoder``) does not know which proposer it has. Each step it
 1. asks ``propose()`` for a ``CandidateTree`` (a chain is a tree with one branch),
 2. verifies the tree in one decoder pass and keeps the longest greedy path plus the verifier's
    own next token,

@@ -31,8 +31,8 @@ from torch import Tensor
 from whisper.decoding import DecodingTask
 from whisper.tokenizer import Tokenizer
 
-from ..decoder import decoder_hidden, new_cache, project
-from ..masks import chain_mask
+from ..step.decoder import decoder_hidden, new_cache, project
+from ..step.attention import chain_mask
 from .base import Committed, Proposer
 from .tree import CandidateTree
 

@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from whisper.model import ModelDimensions, ResidualAttentionBlock
 
-from ..decoder import block_caches, block_forward, self_attention_mask
-from ..int8_kernels import Prepared
-from ..masks import chain_mask
-from ..projection import of as projection_of
+from ..step.decoder import block_caches, block_forward, self_attention_mask
+from ..step.int8_kernels import Prepared
+from ..step.attention import chain_mask
+from ..step.projection import of as projection_of
 from .base import Committed, Proposer
 from .draft_head import DraftHead
 from .tree import CandidateTree, top_nodes

@@ -15,10 +15,10 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..decoder import block_caches, block_forward, self_attention_mask
-from ..heads import MedusaHeads
-from ..masks import chain_mask
-from ..projection import of as projection_of
+from ..step.decoder import block_caches, block_forward, self_attention_mask
+from .heads import MedusaHeads
+from ..step.attention import chain_mask
+from ..step.projection import of as projection_of
 from .base import Committed, Proposer
 from .tree import CandidateTree, best_first
 

@@ -16,9 +16,9 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ..compute import compute_type_of
-from ..decoder import decoder_hidden, new_cache, project
-from ..masks import chain_mask
+from ..step.compute import compute_type_of
+from ..step.decoder import decoder_hidden, new_cache, project
+from ..step.attention import chain_mask
 
 CONTEXT = 60  # cached tokens before the timed rows: about the middle of a window's text
 ROUNDS = 3  # each row count is timed this often, interleaved with the others; its fastest round counts

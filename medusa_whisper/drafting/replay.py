@@ -31,7 +31,7 @@ class Replay:
 
 def replay(proposer: Proposer, initial: Sequence[int], output: Sequence[int], eot: int,
            settings: DraftSettings) -> Replay:
-    """Drive ``proposer`` as the decoding loop (``fixed_decoding.FixedDecoder``) would, with
+    """Drive ``proposer`` as the decoding loop (``loop.WindowDecoder``) would, with
     ``output`` as the verifier's greedy tokens.
 
     initial : the initial tokens (start-of-transcript sequence, prompt, prefix)

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from ..masks import chain_mask
+from ..step.attention import chain_mask
 
 
 @dataclass(frozen=True)

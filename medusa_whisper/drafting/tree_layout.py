@@ -1,4 +1,4 @@
-"""A candidate tree as the device's verification pass reads it (``fixed_decoding``'s tree pass).
+"""A candidate tree as the device's verification pass reads it (``loop``'s tree pass).
 
 The pass needs tensors of one shape per graph. A tree reaches it in one of two ways, and both
 give the same packed int64 tensor (``TreeLayout``):

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..weights import safe_torch_load
+from ..checkpoints.weights import safe_torch_load
 
 
 class BestWeights:

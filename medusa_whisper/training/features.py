@@ -31,7 +31,7 @@ from whisper.decoding import DecodingOptions
 from whisper.tokenizer import get_tokenizer
 from whisper.utils import compression_ratio
 
-from ..weights import safe_torch_load
+from ..checkpoints.weights import safe_torch_load
 from .windows import Window, render
 
 # whisper.transcribe's default threshold: above it a transcript is a repetition loop

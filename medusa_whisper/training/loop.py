@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from ..weights import safe_torch_load
+from ..checkpoints.weights import safe_torch_load
 from .best import BestWeights
 
 

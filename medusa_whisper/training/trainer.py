@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..heads import MedusaConfig, MedusaHeads
+from ..drafting.heads import MedusaConfig, MedusaHeads
 from . import loop
 from .features import Shard
 

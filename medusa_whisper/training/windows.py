@@ -16,7 +16,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from ..audio import SAMPLE_RATE, load_audio
+from ..audio.files import SAMPLE_RATE, load_audio
 from ..errors import MedusaWhisperError
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".m4a", ".opus", ".webm", ".mp4")

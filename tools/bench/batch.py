@@ -51,7 +51,7 @@ def worker(args) -> None:
     if args.worker.startswith("faster-whisper"):
         from faster_whisper import WhisperModel
 
-        from medusa_whisper import weights
+        from medusa_whisper.checkpoints import weights
 
         model = WhisperModel(str(weights.ctranslate2_dir(args.model)), device="cpu", compute_type=args.compute_type,
                              cpu_threads=args.threads)
@@ -73,7 +73,7 @@ def worker(args) -> None:
 
         model = medusa_whisper.load_model(args.model, device="cpu", compute_type=args.compute_type)
         if args.batch_size == 0:  # the command line's default for several files, measured here once per machine
-            from medusa_whisper.batched import default_batch_size
+            from medusa_whisper.decoding.batches import default_batch_size
             args.batch_size = default_batch_size(model) if args.compute_type == "int8" else 1
         loaded = time.perf_counter()
         if args.worker == "ours-vad":
@@ -122,7 +122,7 @@ def main() -> None:
         return
 
     from medusa_whisper.evaluation import corpus_scores, normalizer
-    from medusa_whisper.routes import isa_features, machine_id
+    from medusa_whisper.step.routes import isa_features, machine_id
 
     if args.long is not None:
         import soundfile
@@ -192,7 +192,7 @@ def main() -> None:
     # the cache they share: the thread count is part of the key
     import torch
 
-    from medusa_whisper.batched import measured_choices
+    from medusa_whisper.decoding.batches import measured_choices
     torch.set_num_threads(args.threads)
     choices = measured_choices()
     lines += [""] + choices

@@ -25,7 +25,7 @@ import torch
 import whisper
 
 import medusa_whisper
-from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache, project
 from tools import ROOT
 
 AUDIO = ROOT / "tests" / "data" / "real" / "jfk.flac"

@@ -29,7 +29,7 @@ import whisper
 from tqdm import tqdm
 
 import medusa_whisper
-from medusa_whisper.audio import load_audio
+from medusa_whisper.audio.files import load_audio
 from medusa_whisper.drafting import factory
 from medusa_whisper.drafting.ctc_lexicon import edit_distance
 from tools import ROOT

@@ -32,8 +32,8 @@ import whisper
 from torch import Tensor, nn
 
 import medusa_whisper
-from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project
-from medusa_whisper.routes import isa_features, machine_id
+from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.step.routes import isa_features, machine_id
 from tools import ROOT
 
 AUDIO = ROOT / "tests" / "data" / "real" / "jfk.flac"
@@ -147,7 +147,7 @@ def time_parts(model, features: Tensor, rows: int, reps: int) -> Dict[str, float
     the runs alternate so that the machine's drift hits all alike."""
     from unittest import mock
 
-    import medusa_whisper.decoder as decoder_module
+    import medusa_whisper.step.decoder as decoder_module
 
     run, cache = pass_runner(model, features, rows)
     attention, fused = decoder_module.invariant_attention, decoder_module._attention
@@ -201,7 +201,7 @@ def operator_floor(model_name: str, compute_type: str, reps: int) -> float:
     arithmetic."""
     from whisper.model import ModelDimensions, Whisper
 
-    from medusa_whisper.compute import apply_compute_type
+    from medusa_whisper.step.compute import apply_compute_type
 
     dims = medusa_whisper.load_model(model_name, device="cpu").dims
     narrow = ModelDimensions(**{**vars(dims), "n_audio_state": 64, "n_audio_layer": 1, "n_text_state": 64})

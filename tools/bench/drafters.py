@@ -34,9 +34,9 @@ import whisper
 from tqdm import tqdm
 
 import medusa_whisper
-from medusa_whisper import fixed_decoding
-from medusa_whisper.audio import load_audio
-from medusa_whisper.weights import split_medusa_name
+from medusa_whisper.decoding import loop
+from medusa_whisper.audio.files import load_audio
+from medusa_whisper.checkpoints.weights import split_medusa_name
 from tools import ROOT
 
 
@@ -57,16 +57,16 @@ def parse_system(text: str) -> Tuple[str, Dict]:
 @contextlib.contextmanager
 def on_step(choice):
     """``MEDUSA_WHISPER_STEP`` = ``choice`` inside the block (None: as it is)."""
-    old = os.environ.get(fixed_decoding.STEP_ENV)
+    old = os.environ.get(loop.STEP_ENV)
     if choice is not None:
-        os.environ[fixed_decoding.STEP_ENV] = choice
+        os.environ[loop.STEP_ENV] = choice
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(fixed_decoding.STEP_ENV, None)
+            os.environ.pop(loop.STEP_ENV, None)
         else:
-            os.environ[fixed_decoding.STEP_ENV] = old
+            os.environ[loop.STEP_ENV] = old
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ import whisper
 from tqdm import tqdm
 
 import medusa_whisper
-from medusa_whisper.audio import load_audio
+from medusa_whisper.audio.files import load_audio
 from medusa_whisper.training.features import teacher_forced_states
 from tools import ROOT
 

@@ -40,8 +40,8 @@ import numpy as np
 import torch
 
 import medusa_whisper
-from medusa_whisper import fixed_decoding
-from medusa_whisper.audio import load_audio
+from medusa_whisper.decoding import loop
+from medusa_whisper.audio.files import load_audio
 
 SAMPLE_RATE = 16000
 
@@ -96,16 +96,16 @@ def pick_clips(real_csv: Path, longest: int, librivox: int) -> List[dict]:
 
 @contextlib.contextmanager
 def step(choice: str):
-    """The decoder step ours uses inside the block (fixed_decoding.STEP_ENV)."""
-    old = os.environ.get(fixed_decoding.STEP_ENV)
-    os.environ[fixed_decoding.STEP_ENV] = choice
+    """The decoder step ours uses inside the block (loop.STEP_ENV)."""
+    old = os.environ.get(loop.STEP_ENV)
+    os.environ[loop.STEP_ENV] = choice
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(fixed_decoding.STEP_ENV, None)
+            os.environ.pop(loop.STEP_ENV, None)
         else:
-            os.environ[fixed_decoding.STEP_ENV] = old
+            os.environ[loop.STEP_ENV] = old
 
 
 def sync(device: str) -> None:
@@ -402,7 +402,7 @@ def pass_by_rows(model_name: str, device: str) -> Dict[str, float]:
     model = medusa_whisper.load_model(model_name, device=device,
                                       compute_type="float16" if device == "cuda" else "float32")
     dtype = torch.float16 if device == "cuda" else torch.float32
-    decoder = fixed_decoding.FixedDecoder(model, dtype, torch.device(device))
+    decoder = loop.WindowDecoder(model, dtype, torch.device(device))
     with torch.no_grad():
         decoder.step.set_audio(torch.zeros(1, model.dims.n_audio_ctx, model.dims.n_audio_state, device=device,
                                            dtype=dtype))
@@ -468,8 +468,8 @@ class Margins:
 
     def __init__(self, model_name: str, device: str):
         import whisper
-        from medusa_whisper.logit_rules import DeviceRules
-        from medusa_whisper.step import FixedStep
+        from medusa_whisper.decoding.rules import DeviceRules
+        from medusa_whisper.step.fixed import FixedStep
 
         self.whisper, self.DeviceRules = whisper, DeviceRules
         self.device = device

@@ -24,8 +24,8 @@ import whisper
 from whisper.normalizers import EnglishTextNormalizer
 
 import medusa_whisper
-from medusa_whisper.audio import load_audio
-from medusa_whisper.weights import missing_heads
+from medusa_whisper.audio.files import load_audio
+from medusa_whisper.checkpoints.weights import missing_heads
 from tools.bench.run import machine
 
 SEGMENT_KEYS = ("seek", "start", "end", "text", "tokens")
@@ -78,7 +78,7 @@ def run_faster_whisper(model_name: str, compute_type: str, audio_path: Path, thr
     the previous text as prompt, timestamps, no VAD."""
     from faster_whisper import WhisperModel
 
-    from medusa_whisper import weights
+    from medusa_whisper.checkpoints import weights
 
     fw = WhisperModel(str(weights.ctranslate2_dir(model_name)), device="cpu", compute_type=compute_type,
                       cpu_threads=threads)

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from medusa_whisper.routes import weight_times_rows
+from medusa_whisper.step.routes import weight_times_rows
 
 DIMS = {"tiny.en": (384, 51864), "base": (512, 51865), "small": (768, 51865)}
 

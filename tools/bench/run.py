@@ -12,7 +12,7 @@ loader converts to openai-whisper's layout and faster-whisper reads as they are)
 - faster-whisper (CTranslate2), beam 1, temperature 0, no VAD: int8 and float32 on the CPU
   (int8_float16 and float16 on CUDA);
 - whisper.cpp (pywhispercpp), greedy, temperature 0, no timestamps, on ggml files written from the
-  same weights (medusa_whisper/ggml.py): f16 and q8_0, on the CPU;
+  same weights (medusa_whisper/checkpoints/ggml.py): f16 and q8_0, on the CPU;
 - Hugging Face transformers greedy, when transformers is installed (it is not a dependency).
 
 The benchmark set is built reproducibly from the held-out split of the synthetic corpus (voices and
@@ -112,7 +112,7 @@ def build_bench_set(heldout: Path, out: Path, per_bucket: int, real_csv: Optiona
     Deterministic given heldout.csv and the seed: voices are taken in sorted order, utterances in
     a seeded shuffle, so every run (and every machine) benchmarks the same audio.
     """
-    from medusa_whisper.audio import load_audio
+    from medusa_whisper.audio.files import load_audio
 
     with heldout.open(newline="") as f:
         rows = list(csv.DictReader(f))
@@ -190,7 +190,7 @@ class Clip:
 
 
 def read_clips(path: Path) -> List[Clip]:
-    from medusa_whisper.audio import load_audio
+    from medusa_whisper.audio.files import load_audio
 
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
@@ -223,7 +223,7 @@ def drafter_system(drafter: str, model_name: str, device: str, compute_type: str
 
 def _int8_head_systems(model_name: str, device: str) -> List[System]:
     """Lossless decoding at int8 with each shipped draft head: EAGLE (chain of 2), CTC, the Medusa tree."""
-    from medusa_whisper import weights
+    from medusa_whisper.checkpoints import weights
 
     systems = []
     for suffix, label, options, note in (
@@ -248,7 +248,7 @@ def _int8_head_systems(model_name: str, device: str) -> List[System]:
 def build_systems(model_name: str, device: str, threads: int, compute_types=("float32",),
                   drafters=()) -> List[System]:
     """Every row of the table, in table order; a system that cannot run has ``run=None`` and a note."""
-    from medusa_whisper import weights
+    from medusa_whisper.checkpoints import weights
 
     systems = [torch_system(VANILLA, model_name, device, None)]
     systems[0].probe = ["--probe", "torch", "--model", model_name]
@@ -512,7 +512,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    from medusa_whisper.routes import dispatch_caps, isa_features
+    from medusa_whisper.step.routes import dispatch_caps, isa_features
 
     capped = f"; kernels capped: {dispatch_caps()}" if dispatch_caps() else ""
     text = f"{cpu} ({isa_features()}{capped}), {os.cpu_count()} cores"
@@ -587,7 +587,7 @@ def main() -> None:
             if s.run is not None:
                 r.update(peak_memory(s, longest, args.threads, args.device))
 
-    from medusa_whisper import weights
+    from medusa_whisper.checkpoints import weights
 
     heads_files = [weights.heads_file(args.model + suffix) for suffix in weights.MEDUSA_SUFFIXES]
     info = dict(model=args.model, device=args.device, clips=len(clips),
@@ -599,7 +599,7 @@ def main() -> None:
                 load_start=load_start, load_end=os.getloadavg()[0], quick=args.quick,
                 date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 clip_set=str(clip_csv), wall_seconds=round(time.perf_counter() - began, 1))
-    from medusa_whisper.batched import measured_choices
+    from medusa_whisper.decoding.batches import measured_choices
     info["choices"] = measured_choices()  # kernel routes and batch sizes measured on this machine
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if args.quick else ""

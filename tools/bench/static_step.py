@@ -27,9 +27,9 @@ import whisper
 from torch import Tensor
 
 import medusa_whisper
-from medusa_whisper.compute import Int8Linear
-from medusa_whisper.decoder import chain_mask, decoder_hidden, new_cache, project
-from medusa_whisper.routes import isa_features, machine_id
+from medusa_whisper.step.compute import Int8Linear
+from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.step.routes import isa_features, machine_id
 from tools import ROOT
 
 AUDIO = ROOT / "tests" / "data" / "real" / "jfk.flac"

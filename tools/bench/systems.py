@@ -217,7 +217,7 @@ def ggml_file(model_name: str, file_type: str) -> Path:
     path = cache_dir() / "ggml" / f"{model_name}-{file_type}.bin"
     if not path.is_file():
         import medusa_whisper
-        from medusa_whisper.ggml import write_ggml
+        from medusa_whisper.checkpoints.ggml import write_ggml
 
         write_ggml(medusa_whisper.load_model(model_name, device="cpu"), path, file_type)
     return path

@@ -21,7 +21,7 @@ import whisper
 from whisper.normalizers import EnglishTextNormalizer
 
 import medusa_whisper
-from medusa_whisper.audio import load_audio
+from medusa_whisper.audio.files import load_audio
 from tools import ROOT
 
 

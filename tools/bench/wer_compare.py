@@ -46,8 +46,8 @@ def run_faster_whisper(data: Path, model: str, compute_type: str, threads: int) 
     """audio -> (normalised reference, normalised hypothesis) from make bench's faster-whisper system."""
     from whisper.normalizers import EnglishTextNormalizer
 
-    from medusa_whisper import weights
-    from medusa_whisper.audio import load_audio
+    from medusa_whisper.checkpoints import weights
+    from medusa_whisper.audio.files import load_audio
     from medusa_whisper.evaluation import read_eval_csv
     from tools.bench.systems import faster_whisper_system
 

@@ -26,7 +26,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import soundfile as sf
 
-from medusa_whisper.audio import SAMPLE_RATE, load_audio
+from medusa_whisper.audio.files import SAMPLE_RATE, load_audio
 
 
 def read_clips(files: Sequence[Path], csv_path: Optional[Path]) -> List[Tuple[Path, str]]:

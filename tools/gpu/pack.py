@@ -28,7 +28,7 @@ from typing import List, Optional
 
 import torch
 
-from medusa_whisper.weights import resolve
+from medusa_whisper.checkpoints.weights import resolve
 from tools import ROOT
 from tools.bench.gpu import pick_clips
 

@@ -3,7 +3,7 @@
 A host proposer (``drafting.base.Proposer``) is asked for a tree between two passes, so on a GPU
 every pass waits for the host: the pass's tokens are read back, the proposer runs its own small
 kernels one by one, and its tree is copied over. A ``DeviceProposer`` is instead part of the pass:
-``fixed_decoding.FixedDecoder`` calls, in one program that a CUDA graph captures,
+``loop.WindowDecoder`` calls, in one program that a CUDA graph captures,
 
 1. ``candidates(shape)`` (a chain) or ``layout(shape)`` (a tree, ``tree_layout.pack_on_device``'s
    tensor): what to verify, read from the proposer's device buffers;
@@ -38,7 +38,7 @@ class DeviceProposer:
 
     def set_row_costs(self, costs: Sequence[float]) -> None:
         """What a pass over each of ``cost_rows`` rows costs, relative to one row, measured on the
-        passes that will run (``FixedDecoder.row_costs``)."""
+        passes that will run (``WindowDecoder.row_costs``)."""
 
     def begin(self, audio_features: Tensor, tokenizer) -> None:
         """Host, once per window, before the prompt's ``advance``: reset the window's state.
@@ -68,7 +68,7 @@ class DeviceProposer:
 
     def state(self) -> List[Tensor]:
         """The buffers a pass rewrites that the next pass reads: put back after a capture's warm-up
-        runs (``fixed_decoding.program``), which run the pass for real."""
+        runs (``loop.program``), which run the pass for real."""
         raise NotImplementedError
 
     def observe(self, shape: Shape, accepted: int) -> None:

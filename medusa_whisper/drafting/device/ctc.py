@@ -37,7 +37,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ...step import FixedStep
+from ...step.fixed import FixedStep
 from ..ctc_proposer import DraftSettings, pass_cost
 from ..tree_layout import pack_on_device
 from .base import DeviceProposer

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...step import FixedStep, cross_keys_values, dense, layer_forward, layer_norm, layer_products, linear, norm_product
+from ...step.fixed import (FixedStep, cross_keys_values, dense, layer_forward, layer_norm, layer_products, linear,
+                           norm_product)
 from ..tree_layout import pack_on_device
 from .base import DeviceProposer
 

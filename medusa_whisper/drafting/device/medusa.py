@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...step import FixedStep, Product, dense, linear
+from ...step.fixed import FixedStep, Product, dense, linear
 from ..tree_layout import pack_on_device
 from .base import DeviceProposer
 

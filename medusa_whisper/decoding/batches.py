@@ -1,0 +1,364 @@
+"""Greedy decoding of many windows side by side, on every device: one pass advances every stream
+by a token.
+
+A decoder pass is bound by reading weights; a pass over B streams reads them once. Every batch item
+holds one window's stream (its own audio's cross-attention keys and values, its own self-attention
+slots, position, rules, prompt and stopping rule) at its own position. A pass advances the items
+by one token (``rules.DeviceRules`` with each item's own settings), writes the greedy tokens
+into the items' histories and advances the lengths of the items in use; the host reads the batch's
+tokens and log-probabilities at once, ends the streams that said end-of-text or reached their
+limit, and starts waiting windows in the free items at once (continuous batching: their encoder
+pass and prompt pass on that item alone).
+
+The step is the fixed-shape one on CUDA (``step.fixed.FixedStep`` over every item, one pass captured as
+a CUDA graph for the whole batch) and the CPU's own elsewhere (``step.cpu.CpuBatchStep``: the
+pass covers the items from the first in use to the last, whose int8 attention and products give a
+stream the bits it gets alone). So each window's result is the one ``decoding.decode`` gives it
+alone with ``mode="off"`` (and so with ``lossless``): bit for bit at int8 on the CPU; float32's
+products do not promise that, and there a batched window may differ in the last bits of its
+logits, and rarely in a token.
+
+Greedy only (``batches.batchable``). Used by ``transcribe_many`` (``--batch-size``, ``--vad-chunks``,
+several files). Departs from whisper (``whisper.decode`` on a batch of windows runs them in lock
+step, with the same prompt, until the longest ends): windows of different files, prompts and
+lengths share passes.
+
+Beside the loop, what batches share: which windows may be batched (``batchable``), a window's stream
+from its opening to its result, the refilling of free batch items, and the default batch size,
+measured on the running machine (``default_batch_size``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from whisper.decoding import DecodingTask
+from whisper.model import Whisper
+from whisper.tokenizer import get_tokenizer
+
+from . import loop
+from .candidates import on_fixed_step
+from ..step.compute import compute_type_of
+from ..step.cpu import CpuBatchStep
+from .window import MedusaDecodingResult, decode, window_filters, window_result
+from ..drafting.base import ProposerStats
+from .loop import Generation
+from .rules import DeviceRules, RuleSettings
+from ..options import MedusaDecodingOptions, as_medusa_options
+from ..step.routes import table as routes_table
+from ..step.fixed import FixedStep
+
+
+def batchable(options: MedusaDecodingOptions) -> bool:
+    """Whether a window with these options decodes to greedy's tokens: temperature 0, no beam search,
+    no speculation that could change the tokens (``typical``) and no lossy shortcut."""
+    return (options.temperature == 0 and options.beam_size is None and options.mode in ("off", "lossless")
+            and options.lossy_ctc_entropy is None and options.task != "lang_id")
+
+
+@dataclass
+class _Stream:
+    """One window being decoded in a batch item."""
+
+    key: object
+    task: DecodingTask
+    options: MedusaDecodingOptions
+    common: dict  # the result's audio_features, language and language_probs
+    filters: list
+    tokens: List[int]
+    limit: int  # whisper's two stopping rules: sample length and context
+    encode_seconds: float
+    began: float
+    sum_logprob: float = 0.0
+    no_speech_prob: float = float("nan")
+    steps: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.tokens[-1] == self.task.tokenizer.eot or len(self.tokens) >= self.limit
+
+    def result(self) -> MedusaDecodingResult:
+        gen = Generation(self.tokens, self.sum_logprob, self.no_speech_prob, self.steps)
+        return window_result(self.task, replace_mode(self.options), self.common, gen, ProposerStats(),
+                             self.encode_seconds, time.perf_counter() - self.began)
+
+
+def replace_mode(options: MedusaDecodingOptions) -> MedusaDecodingOptions:
+    return as_medusa_options(options, mode="off")
+
+
+def refill(streams: List[Optional[_Stream]], source: Callable[[], Optional[tuple]],
+           start: Callable[..., Optional[_Stream]], sink: Callable[[object, MedusaDecodingResult], None]) -> None:
+    """Give every free item (None in ``streams``) the next window from ``source`` while there is one:
+    ``start(item, *request)`` opens it there (None: it was decoded some other way and handed to the
+    sink already); a window that ended on its prompt pass goes to the sink at once."""
+    for item in range(len(streams)):
+        while streams[item] is None:
+            request = source()
+            if request is None:
+                break
+            stream = start(item, *request)
+            if stream is None:
+                continue
+            if stream.done:  # ended on its prompt pass (end-of-text first, or no room)
+                sink(stream.key, stream.result())
+            else:
+                streams[item] = stream
+
+
+def open_stream(model: Whisper, key, mel: Tensor, options: MedusaDecodingOptions) -> Tuple[_Stream, Tensor]:
+    """A window's stream before its first pass: whisper's task for it, its encoder output (computed
+    alone), its language (given or detected), filters and stopping rule; and the encoder output."""
+    options = as_medusa_options(options)
+    task = DecodingTask(model, options)
+    began = time.perf_counter()
+    mel = mel.unsqueeze(0) if mel.ndim == 2 else mel
+    audio_features = task._get_audio_features(mel)
+    encode_seconds = time.perf_counter() - began
+    initial = torch.tensor([task.initial_tokens])
+    languages, language_probs = task._detect_language(audio_features, initial)
+    common = dict(audio_features=audio_features[0], language=languages[0],
+                  language_probs=language_probs[0] if language_probs else None)
+    limit = min(task.sample_begin + task.sample_len, task.n_ctx + 1)
+    stream = _Stream(key, task, options, common, window_filters(task, options), initial[0].tolist(), limit,
+                     encode_seconds, time.perf_counter())
+    return stream, audio_features
+
+
+# -- the default batch size, measured on the running machine ---------------------------------------------
+
+BATCH_SIZES = (1, 4, 8, 16)  # the sizes timed; more streams cost memory (16: about +30 % for base)
+# The timed job's windows, cycled: their lengths in tokens (a few words to a long clip's text), so
+# that streams end at different passes and free items are refilled, as in an archive of short files.
+JOB_TOKENS = (12, 40, 24, 56, 20, 48, 8, 32)
+NEAR_BEST = 1.05  # of the sizes whose token costs at most this much over the cheapest, the smallest is taken
+GAIN = 1.10  # and only where a token then costs at least this much less than decoded alone
+
+
+def token_costs(model: Whisper, sizes: Sequence[int] = BATCH_SIZES) -> Dict[int, float]:
+    """Microseconds per token of a whole job of windows at each batch size, as ``transcribe_many``
+    runs it: at 1, each window decoded alone by ``decode`` (what ``--batch-size 1`` runs); above,
+    ``size + size // 2`` windows through ``BatchDecoder``, every window's prompt pass, streams that
+    end at different passes and the items refilled. Measured once per machine, model shape and
+    compute type, and kept with the kernel routes (routes.py).
+
+    A steady batched pass does not predict this: on an AVX2 EPYC it made a token 2.6x cheaper at 16
+    than at 1 (7.2 against 18.5 ms), yet 45 short files took 70.3 s at 16 and 63.0 s one by one.
+    The encoder is left out: every window runs it alone on either path."""
+    dims = model.dims
+    name = (f"batched job {compute_type_of(model)} {dims.n_text_layer}x{dims.n_text_state} "
+            f"vocab {dims.n_vocab} sizes {','.join(map(str, sizes))}")
+
+    @torch.no_grad()
+    def measure() -> Dict[str, float]:
+        _job(model, 2, 2)  # a warm-up: the first passes allocate and choose kernels
+        return {str(b): _job(model, b, max(3, b + b // 2)) for b in sizes}
+    return {int(k): v for k, v in routes_table().costs(name, measure).items()}
+
+
+def _job(model: Whisper, batch: int, n_windows: int) -> float:
+    """Microseconds per token of ``n_windows`` windows decoded at ``batch`` (1: each alone). The
+    windows are random encoder outputs whose texts cannot end (end-of-text suppressed) before
+    their JOB_TOKENS length: the time does not depend on the values, only on the lengths."""
+    generator = torch.Generator().manual_seed(0)
+    shape = (model.dims.n_audio_ctx, model.dims.n_audio_state)  # an encoder output, which decode takes for a mel
+    features = torch.randn(shape, generator=generator).to(model.device)
+    eot = get_tokenizer(model.is_multilingual, num_languages=model.num_languages).eot
+    windows = [(i, features, MedusaDecodingOptions(language="en", fp16=False, sample_len=length,
+                                                   suppress_tokens=[-1, eot]))
+               for i, length in enumerate(JOB_TOKENS[i % len(JOB_TOKENS)] for i in range(n_windows))]
+    began = time.perf_counter()
+    if batch == 1:
+        tokens = sum(len(decode(model, mel, options).tokens) for _, mel, options in windows)
+    else:
+        tokens = sum(len(result.tokens) for _, result in decode_windows(model, windows, batch))
+    return (time.perf_counter() - began) * 1e6 / max(tokens, 1)
+
+
+def default_batch_size(model: Whisper, sizes: Optional[Sequence[int]] = None) -> int:
+    """How many files' windows share a pass when the user does not say: from ``token_costs`` (the
+    whole job, timed) on this machine, the smallest size within NEAR_BEST of the cheapest token, or
+    1 where batching does not make a token GAIN times cheaper than decoding alone. A measured
+    choice, so that no default is slower than decoding one file after another on whatever CPU runs it."""
+    return choose_batch_size(token_costs(model, sizes or BATCH_SIZES))
+
+
+def measured_choices() -> List[str]:
+    """What this machine measured and chose, for a bench to print: the kernel routes and kernels
+    (routes.py) and, for each model measured batched, the default batch size and its token costs."""
+    table = routes_table()
+    lines = table.describe()
+    for name, entry in sorted(table.choices.items()):
+        if name.startswith("batched job "):
+            costs = {int(k): v for k, v in entry["us"].items()}
+            lines.append(f"  default --batch-size for several files ({name[len('batched job '):]}): "
+                         f"{choose_batch_size(costs)}")
+    return lines
+
+
+def choose_batch_size(costs: Dict[int, float]) -> int:
+    best = min(costs.values())
+    size = min(b for b, cost in costs.items() if cost <= NEAR_BEST * best)
+    return size if size > 1 and costs[size] * GAIN <= costs[1] else 1
+
+
+Source = Callable[[], Optional[Tuple[object, Tensor, MedusaDecodingOptions]]]
+Sink = Callable[[object, MedusaDecodingResult], None]
+
+
+class BatchDecoder:
+    """Decodes windows greedily, up to ``batch_size`` of them side by side in one pass (see the module).
+
+    ``run(source, sink)`` asks ``source()`` for the next window whenever a batch item is free (None:
+    none waiting now) and hands each result to ``sink(key, result)``, which may make more windows
+    available (the next window of a file waits for its previous one's text and end).
+
+    products : "fixed" (the fixed-shape step, every item every pass: what CUDA captures) or "cpu"
+               (the CPU's products, the items in use); default: ``batch_decoder``'s choice
+    """
+
+    def __init__(self, model: Whisper, batch_size: int, capture: Optional[bool] = None,
+                 products: Optional[str] = None):
+        if batch_size < 1:
+            raise ValueError(f"batch size must be at least 1, not {batch_size}")
+        self.model, self.batch_size = model, batch_size
+        self.device = model.device
+        self.products = products or ("fixed" if on_fixed_step(model) else "cpu")
+        if self.products not in ("fixed", "cpu"):
+            raise ValueError(f"products must be 'fixed' or 'cpu', not {self.products!r}")
+        self.step = None  # made for the first window's features (their dtype)
+        self.capture = self.device.type == "cuda" and self.products == "fixed" if capture is None else capture
+        n_ctx = model.dims.n_text_ctx
+        self.history = torch.zeros(batch_size, n_ctx + 2, dtype=torch.long, device=self.device)
+        self.length = torch.ones(batch_size, dtype=torch.long, device=self.device)
+        self.active = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # 1 where an item is in use
+        self.out = torch.zeros(batch_size, 2, dtype=torch.float64, device=self.device)
+        self.rules: Optional[DeviceRules] = None
+        self.run_pass: Optional[Callable[[], None]] = None
+        self.graphs: List["torch.cuda.CUDAGraph"] = []
+        self.passes = 0  # batched passes, for the statistics
+        self.rows = 0  # streams advanced, summed over those passes
+        self.host_reads = 0
+
+    def _pass(self, first: int = 0, stop: Optional[int] = None) -> None:
+        """One token for each of items [first, stop) (all of them by default), each at its own position."""
+        at = slice(first, self.batch_size if stop is None else stop)
+        history, length = self.history[at], self.length[at]
+        positions = (length - 1).clamp(0, self.step.n_ctx - 1)  # (items,)
+        hidden = self.step.rows(history.gather(1, positions[:, None])[:, 0], positions, at.start, at.stop)
+        logits = self.step.logits(hidden)[:, None]  # (items, 1, n_vocab)
+        self.rules.apply(logits, history, positions[:, None] + 1, item=at)
+        greedy = logits.argmax(dim=-1)  # (items, 1)
+        logprobs = F.log_softmax(logits, dim=-1).gather(-1, greedy[..., None])[..., 0]
+        history.scatter_(1, positions[:, None] + 1, greedy)
+        length.add_(self.active[at])
+        self.out[at].copy_(torch.cat([greedy.double(), logprobs.double()], dim=1))
+
+    def _run_pass(self, active: List[int]) -> None:
+        """The pass over the items in use: on the fixed step every item (one shape, a graph's replay
+        on CUDA), on the CPU's products the items from the first in use to the last."""
+        if self.products == "cpu":
+            self._pass(active[0], active[-1] + 1)
+            return
+        if self.run_pass is None:
+            self.run_pass = self._pass
+            if self.capture or loop.step_choice() == "compiled":
+                device = self.device if self.capture else torch.device("cpu")
+                self.run_pass = loop.program(self._pass, device, (self.history, self.length), self.graphs)
+        self.run_pass()
+
+    # ------------------------------------------------------------------------------------------- host
+
+    @torch.no_grad()
+    def run(self, source: Source, sink: Sink) -> None:
+        streams: List[Optional[_Stream]] = [None] * self.batch_size
+        while True:
+            # a window _start decodes alone comes back as None, already in the sink
+            refill(streams, source, lambda item, *request: self._start(item, sink, *request), sink)
+            active = [i for i, s in enumerate(streams) if s is not None]
+            if not active:
+                return
+            self._run_pass(active)
+            self.host_reads += 1
+            values = self.out.tolist()
+            self.passes += 1
+            self.rows += len(active)
+            for item in active:
+                stream = streams[item]
+                token, logprob = values[item]
+                stream.tokens.append(int(token))
+                stream.sum_logprob += logprob
+                stream.steps += 1
+                if stream.done:
+                    streams[item] = None
+                    self.active[item:item + 1].fill_(0)
+                    sink(stream.key, stream.result())
+
+    def _start(self, item: int, sink: Sink, key, mel: Tensor, options: MedusaDecodingOptions) -> Optional[_Stream]:
+        """Open the window in ``item``: its encoder output into the item's buffers, its rules, and its
+        prompt pass on the item alone, which gives its first token. A window whose filters the device
+        rules do not have (or not of the batch's structure) is decoded alone by ``decoding.decode``
+        and handed to ``sink`` here; returns None then."""
+        stream, features = open_stream(self.model, key, mel, options)
+        task = stream.task
+        if self.step is None:
+            make = FixedStep if self.products == "fixed" else CpuBatchStep
+            self.step = make(self.model, self.batch_size, features.dtype, self.device)
+        settings = RuleSettings.of(stream.filters, self.step.vocabulary.shape[0])
+        if self.rules is None and settings is not None:
+            self.rules = DeviceRules(settings, self.device, self.batch_size)
+        if settings is None or settings.key != self.rules.key:
+            sink(key, decode(self.model, features[0], replace_mode(stream.options)))
+            return None
+        self.rules.load(settings, item)
+        self.step.set_audio(features, item)
+        tokens = stream.tokens
+        n = len(tokens)
+        history = self.history[item:item + 1]
+        history.zero_()
+        history[0, :n] = torch.tensor(tokens, device=self.device)
+        positions = torch.arange(n, device=self.device)[None]
+        hidden = self.step.prompt(history[:, :n], item)
+        # each row alone, as a window decoded alone projects them
+        first = self.step.logits(hidden[:, task.sot_index:task.sot_index + 1])
+        last = self.step.logits(hidden[:, n - 1:n])
+        no_speech = task.tokenizer.no_speech
+        speech = first[:, 0].softmax(dim=-1)[:, no_speech] if no_speech is not None else first.new_zeros(1)
+        last = self.rules.apply(last, history, positions[:, -1:] + 1, item=item)
+        greedy = last.argmax(dim=-1)
+        logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
+        history[:, n] = greedy[:, 0]
+        self.length[item:item + 1].fill_(n + 1)
+        self.active[item:item + 1].fill_(1)
+        self.host_reads += 1
+        first, first_logprob, speech_prob = torch.cat([greedy[0].double(), logprob[0].double(),
+                                                       speech.double()]).tolist()
+        stream.tokens.append(int(first))
+        stream.sum_logprob += first_logprob
+        stream.steps += 1
+        if no_speech is not None:
+            stream.no_speech_prob = speech_prob
+        if stream.done:
+            self.active[item:item + 1].fill_(0)
+        return stream
+
+
+def batch_decoder(model: Whisper, batch_size: int) -> BatchDecoder:
+    """The decoder of several windows side by side for ``model``: on the fixed-shape step where
+    ``loop.wanted`` (CUDA) and the model's decoder allows it, else on the CPU's products."""
+    return BatchDecoder(model, batch_size)
+
+
+def decode_windows(model: Whisper, windows: Iterable[Tuple[object, Tensor, MedusaDecodingOptions]],
+                   batch_size: int) -> Iterator[Tuple[object, MedusaDecodingResult]]:
+    """Decode independent windows (key, log-Mel, options) side by side; yields (key, result) as they end."""
+    pending = iter(windows)
+    finished: List[Tuple[object, MedusaDecodingResult]] = []
+    decoder = batch_decoder(model, batch_size)
+    decoder.run(lambda: next(pending, None), lambda key, result: finished.append((key, result)))
+    yield from finished

@@ -1,0 +1,3 @@
+"""Transcribing recordings: whisper's long-form loop over 30-second windows (``longform``), with
+voice-activity chunks (``chunked``) and filter (``vad_filter``), and the transcript formats
+(``outputs``)."""
