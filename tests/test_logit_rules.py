@@ -111,3 +111,35 @@ def test_items_of_a_batch_keep_settings_of_their_own():
         alone = DeviceRules(mine[i], "cpu").apply(logits[i:i + 1].clone(), history[i:i + 1], lengths[i:i + 1])
         assert torch.equal(together[i], alone[0])
         assert torch.equal(batch.apply(logits[i:i + 1].clone(), history[i:i + 1], lengths[i:i + 1], item=i), alone)
+
+
+@pytest.mark.parametrize("multilingual", [False, True])
+def test_the_rules_as_one_logit_filter_equal_whisper_filters_on_every_row(multilingual):
+    """How the host's walk and whisper's DecodingTask (best_of, beams) apply the rules: whisper's
+    filters (first) as one RulesFilter, every row of (rows, n_vocab) with its own tokens, and any
+    filter that is not whisper's after it, as it is."""
+    from medusa_whisper.decoding.acceptance import ExponentialDecayLengthPenalty
+    from medusa_whisper.decoding.rules import RulesFilter, whisper_rules_first
+    tokenizer = get_tokenizer(multilingual, language="en" if multilingual else None, task="transcribe")
+    n_vocab = 51865 if multilingual else 51864
+    sample_begin = len(tokenizer.sot_sequence)
+    filters = [SuppressBlank(tokenizer, sample_begin), SuppressTokens([1, 2, 7, 220]),
+               ApplyTimestampRules(tokenizer, sample_begin, max_initial_timestamp_index=50),
+               ExponentialDecayLengthPenalty(tokenizer.eot, sample_begin, 3, 1.2)]
+    ours = whisper_rules_first(filters, lambda whispers: DeviceRules.of(whispers, n_vocab, "cpu"))
+    assert isinstance(ours[0], RulesFilter) and ours[1:] == filters[3:]
+    assert whisper_rules_first([Unknown([1]), *filters], lambda w: DeviceRules.of(w, n_vocab, "cpu"))[0].__class__ is Unknown
+    generator = torch.Generator().manual_seed(2)
+    for n in range(sample_begin, sample_begin + 12):  # the first sampled token, then longer contexts
+        tokens = _histories(tokenizer, generator, 6, n, sample_begin)  # six beams of one length
+        logits = torch.randn(6, n_vocab, generator=generator) * 3
+        logits[::2, tokenizer.timestamp_begin:] += 4.0
+        expected = logits.clone()
+        for f in ours:
+            f.apply(logits, tokens)
+        for r in range(6):
+            row = expected[r:r + 1]
+            for f in filters:
+                f.apply(row, tokens[r:r + 1])
+        assert torch.equal(logits, expected), n
+        assert not logits.isnan().any()  # the penalty leaves a forbidden end-of-text forbidden

@@ -2,7 +2,7 @@
 
 A verification pass gives logits at the last accepted token and at every candidate node. The walk
 starts at the root, filters the row it stands on as whisper filters each step (with that row's
-path as its context), and moves to the first child the rule accepts: in ``lossless`` mode the
+path as its context; on the CPU whisper's own filters, cheaper for one row than ``rules.RulesFilter``), and moves to the first child the rule accepts: in ``lossless`` mode the
 child whose token is the filtered argmax, in ``typical`` mode also a plausible one (the paper's
 threshold), and past a lossy CTC draft's leading nodes without comparing them. It stops at the
 first row that accepts no child, and keeps that row's own token (the bonus token).
@@ -40,7 +40,10 @@ class ExponentialDecayLengthPenalty(LogitFilter):
     def apply(self, logits: Tensor, tokens: Tensor) -> None:
         excess = tokens.shape[1] - self.sample_begin - self.start
         if excess > 0:
-            logits[:, self.eot] += logits[:, self.eot].abs() * (self.factor**excess - 1)
+            eot = logits[:, self.eot]
+            # an end-of-text another rule forbade (-inf) stays forbidden: -inf + inf would be NaN,
+            # which argmax takes for the largest
+            logits[:, self.eot] = torch.where(eot.isfinite(), eot + eot.abs() * (self.factor**excess - 1), eot)
 
 
 def _accepts(candidate: int, greedy: int, logprobs: Tensor, options: MedusaDecodingOptions) -> bool:

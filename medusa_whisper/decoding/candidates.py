@@ -42,6 +42,7 @@ from whisper.decoding import BeamSearchDecoder, DecodingOptions, DecodingResult,
 from whisper.model import Whisper
 
 from . import loop
+from .rules import DeviceRules, whisper_rules_first
 from ..step.compute import compute_type_of
 from ..step.decoder import DecoderCache, decoder_hidden, new_cache, next_token_logits
 from ..step.attention import chain_mask
@@ -239,6 +240,9 @@ class StepDecodingTask(DecodingTask):
 
     def __init__(self, model: Whisper, options: DecodingOptions):
         super().__init__(model, options)
+        # whisper's filters as the package's rules, every row at once (rules.py)
+        self.logit_filters = whisper_rules_first(
+            self.logit_filters, lambda whispers: DeviceRules.of(whispers, model.dims.n_vocab, model.device))
         self.inference = CandidatesInference(model, self.n_group)
         if isinstance(self.decoder, BeamSearchDecoder):
             self.decoder.inference = self.inference
