@@ -46,7 +46,7 @@ from .rules import DeviceRules, whisper_rules_first
 from ..step.compute import compute_type_of
 from ..step.decoder import DecoderCache, decoder_hidden, new_cache, next_token_logits
 from ..step.attention import chain_mask
-from ..step.fixed import FixedStep, supports
+from ..step.fixed import FixedStep
 from ..step.together import rows_together
 
 
@@ -54,9 +54,7 @@ def on_fixed_step(model: Whisper) -> bool:
     """Whether the candidates of ``model`` decode on the fixed-shape step: where greedy decoding
     would (``loop.wanted``: CUDA, or ``MEDUSA_WHISPER_STEP``) and the step has the model's
     decoder; not for a model whose next-token logits go through a Medusa head (``base_head``)."""
-    heads = getattr(model, "medusa", None)
-    return (loop.wanted(model.device) and supports(model)
-            and not (heads is not None and heads.has_base_head))
+    return loop.wanted(model.device) and loop.step_takes(model)
 
 
 class _CpuRows:

@@ -127,6 +127,12 @@ def supported(model, options) -> bool:
         return False
     if options.lossy_ctc_entropy is not None:
         return False
+    return step_takes(model)
+
+
+def step_takes(model) -> bool:
+    """Whether the fixed-shape step has ``model``'s decoder and next-token logits: not those of a
+    model whose logits go through Medusa head 0 (``base_head``)."""
     heads = getattr(model, "medusa", None)
     return not (heads is not None and heads.has_base_head) and step_supports(model)
 

@@ -32,6 +32,7 @@ from ..drafting.factory import make_proposer
 from .loop import Generation
 from ..options import MedusaDecodingOptions, as_medusa_options
 
+
 @dataclass(frozen=True)
 class MedusaDecodingResult(DecodingResult):
     # decoder forward passes for this audio (language detection excluded, as it is for vanilla)

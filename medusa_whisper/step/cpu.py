@@ -21,7 +21,8 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 
-from .decoder import DecoderCache, block_caches, decoder_hidden, decoder_rows_step, new_cache, next_token_logits
+from .decoder import (DecoderCache, block_caches, cross_cache, decoder_hidden, decoder_rows_step, new_cache,
+                      next_token_logits)
 from .attention import chain_mask
 from .fixed import product_dtype
 from .together import rows_together
@@ -50,6 +51,7 @@ class CpuStep:
         self.positional = decoder.positional_embedding.detach().to(residual)
         self.vocabulary = decoder.token_embedding.weight.detach().to(self.dtype)
         self.slots = torch.arange(self.n_ctx, device=self.device)
+        # a cache before any window's, so that a pass can be timed (row_costs) before set_audio
         self.cache: DecoderCache = new_cache(decoder, torch.zeros(1, self.n_audio_ctx, model.dims.n_audio_state,
                                                                   dtype=residual, device=self.device))
 
@@ -119,8 +121,7 @@ class CpuBatchStep:
         """Batch item ``item`` takes a window: the cross-attention keys and values of its encoder
         output (features, shape = (1, n_audio_ctx, n_audio_state)), computed for it alone, and
         zeroed self-attention slots, as a fresh cache has them."""
-        alone = new_cache(self.decoder, features.to(self.residual))
-        self.cache.cross_attn.put(item, alone.cross_attn)
+        self.cache.cross_attn.put(item, cross_cache(self.decoder.blocks, features.to(self.residual)))
         mine = self.cache.batch_items(item, item + 1)
         mine.self_attn.keys.zero_()
         mine.self_attn.values.zero_()

@@ -76,10 +76,15 @@ def block_caches(blocks, n_ctx: int, audio_features: Tensor, rows_per_audio: int
     # fixed-length attention reads every slot (with weight 0 beyond the written ones): no garbage
     self_attn = StaticKVCache(len(blocks), batch * rows_per_audio, n_ctx, n_state, invariant_dtype(blocks[0].attn) if fixed else dtype,
                               device, zeroed=fixed, n_head=blocks[0].attn.n_head if fixed else None)
+    return self_attn, cross_cache(blocks, audio_features)
+
+
+def cross_cache(blocks, audio_features: Tensor) -> CrossKV:
+    """The cross-attention keys and values of ``audio_features`` for ``blocks``, in the dtype their
+    attention reads, computed with the rows together: once per window, from its encoder output alone."""
     cross = blocks[0].cross_attn
-    with rows_together():  # once per window, from its encoder output alone
-        cross_attn = CrossKV(blocks, audio_features, invariant_dtype(cross) if row_invariant(cross) else None)
-    return self_attn, cross_attn
+    with rows_together():
+        return CrossKV(blocks, audio_features, invariant_dtype(cross) if row_invariant(cross) else None)
 
 
 def attend(attn: MultiHeadAttention, x: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor],
