@@ -46,6 +46,40 @@ def test_int8_linear_rows_are_independent_and_close(kernel):
     assert (together - exact).abs().max() / exact.abs().max() < 0.03
 
 
+@pytest.mark.parametrize("shape", [(1, 512), (1, 1, 512), (2, 3, 512), (7, 512)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_weight_only_product_is_the_bfloat16_product_scaled_in_float32(shape, bias):
+    """Int8Linear reads the bfloat16 product straight into its float32 scale and bias (no float32 copy
+    first): the same bits as widening it first, for 2-D and 3-D rows, with and without a bias."""
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(512, 1536, bias=bias)
+    int8 = Int8Linear.from_linear(linear)
+    x = torch.randn(*shape) * 3
+    rows = x.reshape(-1, 512).to(torch.bfloat16)
+    product = torch._weight_int8pack_mm(rows, int8.qweight, torch.ones(1536, dtype=torch.bfloat16)).float()
+    widened = product * int8.scale if not bias else torch.addcmul(int8.bias, product, int8.scale)
+    out = int8(x)
+    assert out.dtype == torch.float32 and out.shape == (*shape[:-1], 1536)
+    assert torch.equal(out.reshape(-1, 1536), widened)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_pass_norms_as_whisper_norms(dtype):
+    """decoder.norm calls the LayerNorm's kernel directly where whisper's casts would return their input:
+    the same bits as whisper's LayerNorm, and whisper's own call for other dtypes."""
+    from whisper.model import LayerNorm
+
+    from medusa_whisper.step.decoder import norm
+
+    torch.manual_seed(2)
+    ln = LayerNorm(512)
+    torch.nn.init.normal_(ln.weight)
+    torch.nn.init.normal_(ln.bias)
+    x = (torch.randn(2, 3, 512) * 4).to(dtype)
+    assert norm(ln, x).dtype == dtype
+    assert torch.equal(norm(ln, x), ln(x))
+
+
 @pytest.mark.parametrize("kernel", Int8Projection.KERNELS)
 def test_int8_projection_rows_are_independent_and_a_shortlist_projects_as_the_whole(kernel):
     torch.manual_seed(0)

@@ -169,3 +169,14 @@ def test_self_attention_over_the_written_slots_rounded_up_gets_the_bits_of_every
     rounded = logits()
     monkeypatch.setattr(decoder_module, "attended_slots", lambda end, capacity, *shape: capacity)
     assert torch.equal(rounded, logits())
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_the_slot_probe_runs_where_a_product_takes_only_two_rows(monkeypatch, rows):
+    """slot_step's probe multiplies at most ``product_rows`` rows: where this CPU allows only two per
+    product (float32 on some CPUs), it measures with two, and its answer is one of its two."""
+    import medusa_whisper.step.attention as attention
+
+    monkeypatch.setattr(attention, "product_rows", lambda *shape: rows)
+    step = attention._slot_step.__wrapped__(torch.float32, 4, 16, 64, 1)
+    assert step in (SLOT_STEP, 64)

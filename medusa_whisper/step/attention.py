@@ -141,7 +141,7 @@ def _slot_step(dtype: torch.dtype, n_head: int, d_head: int, capacity: int, thre
     q = (randn(1, rows, n_head, d_head).transpose(1, 2) * d_head ** -0.5).to(dtype)
     k, v = randn(1, n_head, capacity, d_head).to(dtype), randn(1, n_head, capacity, d_head).to(dtype)
     for seen in sorted({1, SLOT_STEP - 1, SLOT_STEP, SLOT_STEP + 1, capacity // 3, capacity - rows}):
-        for n in sorted({1, 2, 3, rows}):
+        for n in sorted({1, 2, min(3, rows), rows}):  # q holds ``rows`` rows
             n = min(n, capacity - seen)
             allowed = torch.zeros(1, n, capacity, dtype=torch.bool)  # row i sees slots [0, seen + i]
             for row in range(n):

@@ -141,8 +141,9 @@ class Int8Linear(nn.Module):
         return module.to(linear.weight.device)
 
     def forward(self, x: Tensor) -> Tensor:
-        shape = x.shape
-        rows = x.reshape(-1, shape[-1])
+        # a decoder step's rows cost a few dozen microseconds of products, so each call made here counts:
+        # no reshape or cast that would return its input (issue 46 item 4)
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         bias = self.bias  # None once applied
         if (self.kernel == "weight_only" and rows.device.type == "cpu"
                 and (rows.shape[0] >= MANY_ROWS
@@ -150,19 +151,20 @@ class Int8Linear(nn.Module):
             y = self._many_rows(rows)
         elif self.kernel == "weight_only":
             # the kernel wants rows with unit stride (a transposed input, as in a convolution block, has not)
-            y = torch._weight_int8pack_mm(rows.to(torch.bfloat16).contiguous(), self.qweight,
-                                          self._unit_scale()).float()
-            if bias is None:
-                y = y.mul_(self.scale)
-            else:  # the scale and the bias in one elementwise pass
-                y, bias = torch.addcmul(bias, y, self.scale), None
+            y = torch._weight_int8pack_mm(rows.to(torch.bfloat16, memory_format=torch.contiguous_format),
+                                          self.qweight, self._unit_scale())
+            # the scale (and the bias) in float32, in one elementwise pass that reads the bfloat16 product:
+            # widening bfloat16 is exact, so this is float(y) * scale + bias without the float32 copy
+            y, bias = (torch.mul(y, self.scale) if bias is None else torch.addcmul(bias, y, self.scale)), None
         elif self.kernel == "rowwise":
             y = self._int8_rows_product(rows)
         else:
             y = F.linear(rows.float(), self.qweight.float() * self.scale[:, None])
         if bias is not None:
             y = y.add_(bias)
-        return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+        if rows is not x:
+            y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def _many_rows(self, rows: Tensor) -> Tensor:
         """x @ W.T for rows that are only ever multiplied together (a prompt, the cross-attention

@@ -167,7 +167,7 @@ def block_forward(
 
     mask : as ``self_attention_mask`` gives it for this block's self-attention
     """
-    h = block.attn_ln(x)
+    h = norm(block.attn_ln, x)
     q, k, v = self_attention_qkv(block.attn, h)
     k, v = cache.write(layer, start, k, v)
     slots = None
@@ -176,7 +176,7 @@ def block_forward(
         k, v = cache.keys[layer][..., :mask.shape[-1], :], cache.values[layer][..., :mask.shape[-1], :]
     x = x + attend(block.attn, h, k, v, mask, q=q, slots=slots)
     x = x + cross_attention(block, x, cross_k, cross_v)
-    return x + _mlp(block.mlp, block.mlp_ln(x))
+    return x + _mlp(block.mlp, norm(block.mlp_ln, x))
 
 
 def cross_attention(block: ResidualAttentionBlock, x: Tensor, cross_k: Tensor, cross_v: Tensor) -> Tensor:
@@ -185,7 +185,7 @@ def cross_attention(block: ResidualAttentionBlock, x: Tensor, cross_k: Tensor, c
     its queries side by side (cross-attention has no mask), so each audio's keys and values are
     stored and read once per pass, not once per sequence as whisper's repeated features are."""
     audios = cross_k.shape[0]
-    c = block.cross_attn_ln(x)
+    c = norm(block.cross_attn_ln, x)
     if x.shape[0] == audios:
         return attend(block.cross_attn, c, cross_k, cross_v, None)
     rows, n, n_state = x.shape
@@ -215,6 +215,15 @@ def self_attention_qkv(attn: MultiHeadAttention, h: Tensor) -> Tuple[Tensor, Ten
     if fused is not None:
         return fused(h).split(attn.query.out_features, dim=-1)
     return linear(attn.query, h), linear(attn.key, h), linear(attn.value, h)
+
+
+def norm(ln: nn.Module, x: Tensor) -> Tensor:
+    """``ln(x)`` for a LayerNorm: whisper's casts x to float32 and back, two calls that return their
+    input when x and the norm are float32 already (every CPU compute type's residual stream), so
+    there the norm runs alone, with the same arithmetic."""
+    if type(ln) is whisper.model.LayerNorm and x.dtype == torch.float32 and ln.weight.dtype == torch.float32:
+        return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+    return ln(x)
 
 
 def _mlp(mlp: nn.Module, x: Tensor) -> Tensor:
@@ -248,7 +257,7 @@ def decoder_hidden(
         x = block_forward(
             block, x, cache.self_attn, i, start, cache.cross_attn.keys[i], cache.cross_attn.values[i], mask
         )
-    return decoder.ln(x)
+    return norm(decoder.ln, x)
 
 
 def decoder_rows_step(decoder: TextDecoder, tokens: Tensor, positions: Tensor, cache: DecoderCache) -> Tensor:
@@ -274,25 +283,25 @@ def decoder_rows_step(decoder: TextDecoder, tokens: Tensor, positions: Tensor, c
         slots = _attended_slots(kv, max(ends) + 1)
         mask = (torch.arange(slots, device=tokens.device)[None, :] <= positions[:, None])[:, None, :]
     for i, block in enumerate(decoder.blocks):
-        h = block.attn_ln(x)
+        h = norm(block.attn_ln, x)
         q, k, v = self_attention_qkv(block.attn, h)
         kv.write_rows(i, positions, k, v)
         cross_k, cross_v = cache.cross_attn.keys[i], cache.cross_attn.values[i]
         if fixed:
             x = x + attend(block.attn, h, kv.keys[i][..., :slots, :], kv.values[i][..., :slots, :], mask, q=q,
                            slots=kv.capacity)
-            x = x + attend(block.cross_attn, block.cross_attn_ln(x), cross_k, cross_v, None)
+            x = x + attend(block.cross_attn, norm(block.cross_attn_ln, x), cross_k, cross_v, None)
         else:
             own = [_attention(q[b:b + 1], kv.keys[i, b:b + 1, :end + 1], kv.values[i, b:b + 1, :end + 1],
                               block.attn.n_head, None) for b, end in enumerate(ends)]
             x = x + linear(block.attn.out, torch.cat(own))
-            c = block.cross_attn_ln(x)
+            c = norm(block.cross_attn_ln, x)
             cq = linear(block.cross_attn.query, c)
             own = [_attention(cq[b:b + 1], cross_k[b:b + 1], cross_v[b:b + 1], block.cross_attn.n_head, None)
                    for b in range(len(ends))]
             x = x + linear(block.cross_attn.out, torch.cat(own))
-        x = x + _mlp(block.mlp, block.mlp_ln(x))
-    return decoder.ln(x)[:, 0]
+        x = x + _mlp(block.mlp, norm(block.mlp_ln, x))
+    return norm(decoder.ln, x)[:, 0]
 
 
 def project(decoder: TextDecoder, states: Tensor) -> Tensor:

@@ -7,6 +7,7 @@ COMMANDS = {
     "run": Command("tools.bench.run", "make bench, bench-quick, bench-setup: every system a user could pick"),
     "long": Command("tools.bench.long", "make bench-long: long-form transcribe against whisper.transcribe"),
     "pass": Command("tools.bench.decoder_pass", "make bench-pass: one decoder pass, beside the floor its bytes set"),
+    "pass-variants": Command("tools.bench.pass_variants", "the int8 pass with other attention, and as the fixed step"),
     "batch": Command("tools.bench.batch", "make bench-batch: archive throughput against --batch-size"),
     "speed": Command("tools.bench.decoder_speed", "make speed: our decoder against whisper.decode greedy"),
     "compute-speed": Command("tools.bench.compute_speed", "one pass and the encoder at each compute type"),
