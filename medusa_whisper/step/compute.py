@@ -5,13 +5,15 @@
 - ``float32``: nothing changes (openai-whisper's numbers).
 - ``bfloat16``: every linear layer's weights, and the vocabulary projection's copy of the token
   embedding, in bfloat16; their matrix products run in bfloat16 (``HalfLinear``), while the residual
-  stream, LayerNorms, attention and the encoder's convolutions stay float32.
+  stream, LayerNorms, the decoder's attention and the encoder's convolutions stay float32 (the
+  encoder's attention runs in bfloat16 where that measures faster: encoder_attention.py).
 - ``int8``: every linear outside the encoder (decoder, Medusa heads and block, any drafter module
   attached to the model) becomes an ``Int8Linear``: int8 weights with one scale per output
   channel. The vocabulary projection is int8 too (``projection.Int8Projection``, the decoder's
   ``token_projection``), by whichever of two row-independent kernels measures faster on the running CPU. The encoder's linears, whose products have 1,500
   rows, run in bfloat16 where the CPU has bfloat16 instructions (there they are both faster and
-  more accurate than int8) and as row-wise ``Int8Linear`` where it has not.
+  more accurate than int8, and its attention runs in bfloat16 too where measured faster:
+  encoder_attention.py) and as row-wise ``Int8Linear`` where it has not.
 - ``float16``, ``int8_float16``: CUDA only, as in faster-whisper.
 
 Why these kernels (measured on this project's 2-core AVX-512 CPU, see README "Compute types"):
@@ -51,6 +53,7 @@ from whisper.model import MultiHeadAttention, ResidualAttentionBlock
 
 from ..errors import MedusaWhisperError
 from ..paths import atomic_path, cache_dir
+from .encoder_attention import attend_in, attention_dtype
 from .int8_kernels import Prepared, prepack, quantize_rows, rowwise_int8_matmul
 from .routes import ROUNDS, median_micros, table as routes_table
 from .together import together
@@ -409,9 +412,10 @@ def _convert_structure(model: nn.Module, compute_type: str, device_type: str, qu
     else:
         _swap_linears(model, make("weight_only" if device_type == "cpu" else "dequantize"), skip=(encoder,))
     # the encoder: 1,500-row products, where bfloat16 beats int8 on CPUs that have it. Its residual
-    # stream, convolutions and attention stay float32: measured on base (one window of jfk.flac),
-    # that costs 5 % more time than an all-bfloat16 encoder and cuts its mean output error from
-    # 1.8 % to 1.1 % of float32's
+    # stream and convolutions stay float32: measured on base (one window of jfk.flac), that costs 5 %
+    # more time than an all-bfloat16 encoder and cuts its mean output error from 1.8 % to 1.1 % of
+    # float32's. Its attention (queries, keys and values out of these bfloat16 products) is set in
+    # _finish, where it measures faster in bfloat16 (encoder_attention.py)
     if compute_type == "int8" and not cpu_has_bfloat16():
         _swap_linears(encoder, make("rowwise"))
     else:
@@ -472,6 +476,12 @@ def _finish(model: nn.Module, compute_type: str) -> None:
             module._packed()
         elif isinstance(module, ResidualAttentionBlock):
             fuse_qkv(module.attn)
+    encoder = model.encoder
+    query = encoder.blocks[0].attn.query
+    if (isinstance(query, HalfLinear) and query.weight.dtype == torch.bfloat16 and query.weight.device.type == "cpu"
+            and cpu_has_bfloat16()):  # its queries, keys and values come out of bfloat16 products
+        attn = encoder.blocks[0].attn
+        attend_in(encoder, attention_dtype(attn.n_head, model.dims.n_audio_ctx, query.out_features // attn.n_head))
     model.compute_type = compute_type
 
 
