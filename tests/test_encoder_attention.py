@@ -84,3 +84,19 @@ def test_the_choice_is_timed_once_per_machine(monkeypatch, tmp_path):
     monkeypatch.setattr(encoder_attention, "median_micros", lambda fn: pytest.fail("timed again"))
     assert encoder_attention.attention_dtype(2, 64, 16) == chosen
     encoder_attention._attention_dtype.cache_clear()
+
+
+def test_a_model_attending_in_bfloat16_copies_and_pickles(monkeypatch):
+    import copy
+    import pickle
+
+    monkeypatch.setattr(compute, "cpu_has_bfloat16", lambda: True)
+    monkeypatch.setattr(compute, "attention_dtype", lambda *shape: torch.bfloat16)
+    model = apply_compute_type(random_model(MedusaConfig(num_heads=1)), "int8")
+    mel = torch.randn(1, model.dims.n_mels, 2 * model.dims.n_audio_ctx)
+    with torch.inference_mode():
+        expected = model.encoder(mel)
+        for other in (copy.deepcopy(model.encoder), pickle.loads(pickle.dumps(model.encoder))):
+            attn = other.blocks[0].attn
+            assert attn.qkv_attention.args[0] is attn  # its own module, not the original's
+            assert torch.equal(other(mel), expected)

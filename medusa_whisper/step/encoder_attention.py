@@ -18,7 +18,6 @@ alignment heads) or gives a mask, they attend as whisper does.
 from __future__ import annotations
 
 import functools
-import types
 from typing import Optional, Tuple
 
 import torch
@@ -68,5 +67,5 @@ def attend_in(encoder: nn.Module, dtype: torch.dtype) -> None:
     for module in encoder.modules():
         if isinstance(module, MultiHeadAttention):
             module.__dict__.pop("qkv_attention", None)
-            if dtype == torch.bfloat16:
-                module.qkv_attention = types.MethodType(bfloat16_attention, module)
+            if dtype == torch.bfloat16:  # a partial, not a bound method: a model with it still pickles
+                module.qkv_attention = functools.partial(bfloat16_attention, module)
