@@ -476,13 +476,18 @@ def _finish(model: nn.Module, compute_type: str) -> None:
             module._packed()
         elif isinstance(module, ResidualAttentionBlock):
             fuse_qkv(module.attn)
-    encoder = model.encoder
-    query = encoder.blocks[0].attn.query
-    if (isinstance(query, HalfLinear) and query.weight.dtype == torch.bfloat16 and query.weight.device.type == "cpu"
-            and cpu_has_bfloat16()):  # its queries, keys and values come out of bfloat16 products
-        attn = encoder.blocks[0].attn
-        attend_in(encoder, attention_dtype(attn.n_head, model.dims.n_audio_ctx, query.out_features // attn.n_head))
+    _encoder_attention(model)
     model.compute_type = compute_type
+
+
+def _encoder_attention(model: nn.Module) -> None:
+    """The encoder's attention in the dtype measured faster (encoder_attention.py), where its queries,
+    keys and values come out of bfloat16 products on a CPU that multiplies bfloat16 natively."""
+    attn = model.encoder.blocks[0].attn
+    query = attn.query
+    if (isinstance(query, HalfLinear) and query.weight.dtype == torch.bfloat16 and query.weight.device.type == "cpu"
+            and cpu_has_bfloat16()):
+        attend_in(model.encoder, attention_dtype(attn.n_head, model.dims.n_audio_ctx, query.out_features // attn.n_head))
 
 
 # ---------------------------------------------------------------- the cache of converted models

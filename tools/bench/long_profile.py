@@ -85,7 +85,7 @@ def instrument(model, clock: Clock) -> None:
         clock.spent["greedy attempts" if greedy else "sampled attempts"] += seconds
         window = clock.windows[-1]
         window["attempts"].append({"temperature": options.temperature, "seconds": round(seconds, 3)})
-        window["tokens"] = len(result.tokens) if hasattr(result, "tokens") else len(result[0].tokens)
+        window["tokens"] = len(result.tokens)  # one window's mel: one result
         return result
     longform.decode = decode
 

@@ -40,10 +40,6 @@ from tools.bench.decoder_pass import AUDIO, CONTEXT, profile_pass
 Pass = Callable[[int, int], Tensor]  # (first new position, rows) -> logits of those rows
 
 
-def decoder_blocks(model: nn.Module):
-    return list(model.decoder.blocks)
-
-
 def cpu_pass(model: nn.Module, features: Tensor, tokens: Tensor) -> Pass:
     """The CPU's pass: rows [first, first + n) of ``tokens`` after the cache's first ``first`` slots."""
     decoder = model.decoder
@@ -60,12 +56,12 @@ def cpu_pass(model: nn.Module, features: Tensor, tokens: Tensor) -> Pass:
 @contextlib.contextmanager
 def attention_as(model: nn.Module, variant: str) -> Iterator[None]:
     """The decoder's blocks set to attend as ``variant`` while inside (their attributes restored after)."""
-    blocks = decoder_blocks(model)
+    blocks = list(model.decoder.blocks)
     saved = [(b.attn.__dict__.get("row_invariant"), b.attn.__dict__.get("invariant_dtype")) for b in blocks]
     for block in blocks:
         for attn in (block.attn, block.cross_attn):
-            if variant == "float32 invariant":
-                attn.invariant_dtype = torch.float32
+            if variant == "float32 invariant":  # also where the model loaded without invariant attention
+                attn.row_invariant, attn.invariant_dtype = True, torch.float32
             elif variant == "fused, rows alone":
                 attn.row_invariant = False
     try:
@@ -131,7 +127,7 @@ def main() -> None:
     print(f"{machine['cpu']} ({isa_features()}), torch {machine['torch']}, {args.threads} threads, {args.model} int8, "
           f"{CONTEXT} cached tokens", flush=True)
     model = medusa_whisper.load_model(args.model, device="cpu", compute_type="int8")
-    default = decoder_blocks(model)[0].attn.__dict__.get("invariant_dtype")
+    default = model.decoder.blocks[0].attn.__dict__.get("invariant_dtype")
     audio = whisper.pad_or_trim(whisper.load_audio(str(AUDIO)))
     mel = whisper.log_mel_spectrogram(audio, model.dims.n_mels)[None]
     rows_list = [int(r) for r in args.rows.split(",")]
