@@ -8,6 +8,7 @@ COMMANDS = {
     "long": Command("tools.bench.long", "make bench-long: long-form transcribe against whisper.transcribe"),
     "pass": Command("tools.bench.decoder_pass", "make bench-pass: one decoder pass, beside the floor its bytes set"),
     "pass-variants": Command("tools.bench.pass_variants", "the int8 pass with other attention, and as the fixed step"),
+    "pass-kernels": Command("tools.bench.pass_kernels", "operators per in-pass drafting pass, by part (what a GPU graph replays)"),
     "long-profile": Command("tools.bench.long_profile", "where a long transcription's time goes, window by window"),
     "batch": Command("tools.bench.batch", "make bench-batch: archive throughput against --batch-size"),
     "speed": Command("tools.bench.decoder_speed", "make speed: our decoder against whisper.decode greedy"),

@@ -638,7 +638,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     long_rows: List[Row] = []
     extra = dict(profile={}, capture={}, long_differences={})
 
+    started = time.perf_counter()
+
     def save() -> None:
+        print(f"[{time.perf_counter() - started:.0f} s into the run] report saved", flush=True)
         report = summarise(rows, long_rows, clips, info, extra)
         (args.out / "gpu.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         (args.out / "gpu.md").write_text(markdown(report), encoding="utf-8")

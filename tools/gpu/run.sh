@@ -22,7 +22,8 @@ cd - >/dev/null || exit 1
 export PYTHONPATH="$GPU_DIR/site:$PWD" PYTHONUNBUFFERED=1
 export MEDUSA_WHISPER_CACHE="$GPU_DIR/cache" MEDUSA_WHISPER_CUDA_TEST_MODEL="$MODEL"
 { nvidia-smi -L 2>/dev/null; "$PYTHON" -c "import torch, medusa_whisper; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; } | tee "$OUT/env.log"
-"$PYTHON" -m pytest -q -p no:cacheprovider tests/test_fixed_decoding.py tests/test_fixed_batched.py tests/test_fixed_candidates.py \
+# the tests may not eat the measurements' time: at most TEST_SECONDS
+timeout "${TEST_SECONDS:-150}" "$PYTHON" -m pytest -q -p no:cacheprovider --durations=8 tests/test_fixed_decoding.py tests/test_fixed_batched.py tests/test_fixed_candidates.py \
   tests/test_device_proposers.py -k "captured or synchronisation or on_cuda" 2>&1 \
   | tail -40 | tee "$OUT/tests.log"
 LONG=()
