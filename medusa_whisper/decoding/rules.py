@@ -106,7 +106,9 @@ class DeviceRules:
             self.begin = begin
             self.eot = settings.eot  # the text is what comes before it: it may not follow a lone timestamp
             self.stamp_index = vocab[begin:] - begin  # the timestamps, counted from the first
-            if settings.max_initial is not None:
+            # the last token and the one before it, read in one gather
+            self.last_two = torch.tensor([1, 2], device=device)
+            if settings.max_initial is not None:  # counted from the first timestamp, as stamp_index
                 self.last_initial = torch.zeros(batch, dtype=torch.long, device=device)
         self.settings: List[Optional[RuleSettings]] = [None] * batch
         self.load(settings)
@@ -128,7 +130,7 @@ class DeviceRules:
             if old is None or old.sample_begin != settings.sample_begin:
                 self.sample_begin[at].fill_(settings.sample_begin)
             if self.last_initial is not None and (old is None or old.max_initial != settings.max_initial):
-                self.last_initial[at].fill_(settings.timestamp_begin + settings.max_initial)
+                self.last_initial[at].fill_(settings.max_initial)
             if old is None or old.suppress != settings.suppress:
                 self.always[i].zero_()
                 self.always[i, list(settings.suppress)] = NEG_INF
@@ -163,29 +165,33 @@ class DeviceRules:
         vocabulary (the timestamps from ``begin``, the text before ``eot``, everything before the
         timestamps), so it fills a view of that range under a per-row condition, rather than the
         whole vocabulary under a (rows, n_vocab) mask; over the long ranges, by adding -inf or 0
-        per row (``_forbid``: the same values, a quarter of a broadcast mask's time on the CPU)."""
+        per row (``_forbid``: the same values, a quarter of a broadcast mask's time on the CPU).
+        Every operation here is a kernel of a GPU pass (they cost about as much as the pass's
+        products there), so what two rules share is computed once and constants are kept."""
         begin = self.begin
         stamps = logits[..., begin:]  # (batch, rows, timestamps): views, filled in place
         before = logits[..., :begin]
-        last = history.gather(1, (lengths - 1).clamp(min=0))
-        penultimate = history.gather(1, (lengths - 2).clamp(min=0))
-        last_was = (sampled >= 1) & (last >= begin)
-        penultimate_was = (sampled < 2) | (penultimate >= begin)
+        batch, rows = lengths.shape
+        back = (lengths[..., None] - self.last_two).clamp(min=0).view(batch, rows * 2)
+        were = (history.gather(1, back) >= begin).view(batch, rows, 2)  # the last two tokens: timestamps?
+        last_was = (sampled >= 1) & were[..., 0]
+        penultimate_was = (sampled < 2) | were[..., 1]
+        closing = last_was & ~penultimate_was  # a lone timestamp closes a segment: the text may not follow
         # timestamps come in pairs, except directly before end-of-text
         stamps.masked_fill_((last_was & penultimate_was)[..., None], NEG_INF)
-        logits[..., :self.eot].add_(_forbid((last_was & ~penultimate_was)[..., None], logits))
+        logits[..., :self.eot].add_(_forbid(closing[..., None], logits))
         # no timestamp before the last one sampled (nor equal to it, unless it opens a pair)
-        slots = torch.arange(history.shape[1], device=history.device)
+        n = history.shape[1]
+        slots = self.stamp_index[:n] if n <= self.stamp_index.shape[0] else torch.arange(n, device=history.device)
         in_sample = (slots >= sample_begin[..., None]) & (slots < lengths[..., None])  # (batch, rows, n)
         is_stamp = in_sample & (history[:, None, :] >= begin)
         latest = torch.where(is_stamp, slots, -1).amax(dim=-1)  # index of the last sampled timestamp
-        stamp = history.gather(1, latest.clamp(min=0))
-        bound = stamp + (~(last_was & ~penultimate_was)).long() - begin  # first allowed, counted from begin
+        bound = history.gather(1, latest.clamp(min=0)) + (1 - begin) - closing.long()  # first allowed, from begin
         stamps.masked_fill_((latest >= 0)[..., None] & (self.stamp_index < bound[..., None]), NEG_INF)
         # the first sampled token is a timestamp, at most max_initial after the start
         before.add_(_forbid(first, logits))
         if last_initial is not None:
-            stamps.masked_fill_(first & (self.stamp_index > last_initial - begin), NEG_INF)
+            stamps.masked_fill_(first & (self.stamp_index > last_initial), NEG_INF)
         # a timestamp when the timestamps together are more probable than any text token
         logprobs = F.log_softmax(logits.float(), dim=-1)
         together = logprobs[..., begin:].logsumexp(dim=-1)

@@ -16,6 +16,10 @@ a kernel (leaves of the call tree that are not views or allocations), per pass, 
 - ``draft``: the proposer's part (its candidates or tree, and its ``advance`` after the acceptance);
 - ``window``: once per window (the proposer's ``begin``, e.g. the CTC head's pass), per pass;
 - ``loop``: the rest: the acceptance, the history, the output copy, and the uncaptured prompt pass.
+
+The CTC head chooses its chunk per pass from what passes over more rows cost; here it is given the
+H100's captured costs (``H100_PASS_MS``), not this CPU's timings, so that it chooses what it chose
+there and the count is the same from run to run.
 """
 
 from __future__ import annotations
@@ -62,6 +66,13 @@ NO_KERNEL = {
 # operators whose work is on the host whatever the device (a Python number made a tensor)
 HOST_ONLY = {"aten::scalar_tensor"}
 PARTS = ("step", "rules", "draft", "window", "loop")
+# ms of one captured pass over n rows on the H100 (docs/gpu.md, 2026-11-27)
+H100_PASS_MS = {1: 0.546, 2: 0.613, 4: 0.621, 8: 0.629, 16: 0.630, 32: 0.650}
+
+
+def h100_row_costs(self, rows) -> tuple:
+    """``WindowDecoder.row_costs`` as the H100 measured them (relative to rows[0])."""
+    return tuple(round(H100_PASS_MS[n] / H100_PASS_MS[rows[0]], 3) for n in rows)
 
 
 @contextlib.contextmanager
@@ -82,11 +93,22 @@ def scoped(owner: type, method: str, label: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _replaced(owner: type, name: str, value) -> Iterator[None]:
+    original = owner.__dict__[name]
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
 def labelled() -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(scoped(FixedStep, "__call__", "part:step"))
         stack.enter_context(scoped(FixedStep, "logits", "part:step"))
         stack.enter_context(scoped(DeviceRules, "apply", "part:rules"))
+        stack.enter_context(_replaced(loop.WindowDecoder, "row_costs", h100_row_costs))
         for proposer in (DeviceMedusa, DeviceEagle, DeviceCtc, DeviceUnion):
             for method in ("candidates", "layout", "advance"):
                 if method in proposer.__dict__:
@@ -141,9 +163,10 @@ def count(model_name: str, audio: Path, labels: Optional[List[str]] = None) -> D
         old = loop.os.environ.get(loop.STEP_ENV)
         loop.os.environ[loop.STEP_ENV] = "fixed"
         try:
-            medusa_whisper.decode(model, features, language="en", **options)  # every program built once
-            with labelled(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                result = medusa_whisper.decode(model, features, language="en", **options)
+            with labelled():
+                medusa_whisper.decode(model, features, language="en", **options)  # every program built once
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    result = medusa_whisper.decode(model, features, language="en", **options)
         finally:
             if old is None:
                 loop.os.environ.pop(loop.STEP_ENV, None)

@@ -99,6 +99,16 @@ class DeviceCtc(DeviceProposer):
         self.near = torch.arange(-BEHIND, AHEAD + 1, device=device)
         self.ahead = torch.arange(AHEAD + 1, device=device)
         self.back = torch.arange(MATCH, device=device)
+        # constants of the pass, made once: every operation in it is a kernel a GPU pass replays
+        # a pass's rows, its first the pending token's (a union's pass may hold more than a chunk's)
+        self.rows = torch.arange(step.n_ctx + 2, device=device)
+        self.last_two = torch.tensor([0, 1], device=device)  # the next token's position, and the one before
+        self.near_back = PAD - 1 + self.near[:, None] - self.back  # draft index before each near position
+        self.distance = (self.near - 1).abs()  # from the pointer's next token
+        self.close = self.distance <= NEAR
+        self.reach = PAD + self.ahead  # the draft indices ahead, less the pointer
+        self.inside_ahead = self.ahead > 0  # staying put is as good as a boundary
+        self.chunk_index = PAD + self.index  # the chunk's draft indices, less the pointer
         self.acceptance = settings.prior_acceptance
 
     # ------------------------------------------------------------------ host
@@ -197,13 +207,13 @@ class DeviceCtc(DeviceProposer):
 
     def advance(self, states: Tensor, history: Tensor, start: Tensor, count: Tensor, greedy: Tensor,
                 shape: Optional[Chunk]) -> None:
-        device = history.device
         size = shape.length if shape is not None else 0
-        rows = torch.arange(states.shape[1], device=device)
-        new = history.gather(1, start[:, None] + 1 + rows)  # (1, rows): the accepted candidates, then the next token
+        rows = self.rows[:states.shape[1]]
+        new = history.gather(1, start[:, None] + self.rows[1:1 + states.shape[1]])  # (1, rows): the accepted
+        # candidates, then the next token
         last = start + count  # the next token's position
-        token = history.gather(1, last[:, None])[:, 0]  # (1,)
-        before = history.gather(1, (last - 1)[:, None])[:, 0]
+        pair = history.gather(1, last[:, None] - self.last_two)
+        token, before = pair[:, 0], pair[:, 1]  # (1,) each
         # how far the committed tokens follow the chunk this pass verified, and its second branch
         offered = rows[:size]
         accepted = offered < count[:, None] - 1
@@ -215,32 +225,32 @@ class DeviceCtc(DeviceProposer):
         # the committed tokens' tail against the draft before each position near the pointer
         tail = history.gather(1, (last[:, None] - self.back).clamp(min=0))  # (1, MATCH): newest first
         near = middle[:, None] + self.near  # (1, positions)
-        drafted = self.draft[PAD + near[..., None] - 1 - self.back]  # (1, positions, MATCH)
+        drafted = self.draft[middle[:, None, None] + self.near_back]  # (1, positions, MATCH)
         same = (drafted == tail[:, None, :]) & (tail[:, None, :] < self.eot)
         matches = same.long().cumprod(dim=-1).sum(dim=-1)  # (1, positions)
-        distance = (self.near - 1).abs()
-        counts = (matches >= 2) | ((matches == 1) & (distance <= NEAR))
-        best = torch.where(counts, matches * 1024 - distance, -FAR).argmax(dim=-1, keepdim=True)
+        counts = (matches >= 2) | ((matches == 1) & self.close)
+        best = torch.where(counts, matches * 1024 - self.distance, -FAR).argmax(dim=-1, keepdim=True)
         found = counts.gather(1, best)[:, 0]
 
         # else the boundary nearest to as many bytes past the draft taken as the verifier's own tokens hold
         first = matched if size else count - 1  # the window's prompt is not the draft's text
         own = (rows >= first[:, None]) & (rows < count[:, None])
         spelt = (self.token_bytes_device[new] * own).sum(dim=-1)  # (1,)
-        reach = PAD + middle[:, None] + self.ahead  # (1, AHEAD + 1)
-        gap = (self.offset[reach] - self.offset[PAD + middle][:, None] - spelt[:, None]).abs()
-        mid_word = ~self.boundary[reach] & (self.ahead > 0)  # staying put is as good as a boundary
+        reach = middle[:, None] + self.reach  # (1, AHEAD + 1): the pointer's draft index first
+        offsets = self.offset[reach]
+        gap = (offsets - offsets[:, :1] - spelt[:, None]).abs()
+        mid_word = ~self.boundary[reach] & self.inside_ahead
         nearest = middle + (gap * 2 + mid_word.long()).argmin(dim=-1)
 
         moved = torch.where(in_step, middle + 1, torch.where(
             token >= self.eot, middle, torch.where(found, near.gather(1, best)[:, 0], nearest)))
         self.pointer.copy_(torch.minimum(moved.clamp(min=0), self.end))
-        ahead = PAD + self.pointer[:, None] + torch.arange(self.max_chunk, device=device)
+        ahead = self.draft[self.pointer[:, None] + self.chunk_index]  # the draft's next max_chunk tokens
         closing = (token >= self.timestamp_begin) & (before < self.eot)
         if self.settings.timestamps == "none":  # leave every timestamp to the verifier
             closing = torch.zeros_like(closing)
-        repeated = torch.cat([token[:, None], self.draft[ahead[:, :-1]]], dim=1)
-        self.chunk.copy_(torch.where(closing[:, None], repeated, self.draft[ahead]))
+        repeated = torch.cat([token[:, None], ahead[:, :-1]], dim=1)
+        self.chunk.copy_(torch.where(closing[:, None], repeated, ahead))
         self.prefixed.copy_(closing)
 
     def _guess(self, shape: Optional[Chunk], new: Tensor, accepted: Tensor, matched: Tensor, greedy: Tensor) -> None:
@@ -251,7 +261,7 @@ class DeviceCtc(DeviceProposer):
             return
         k, b = shape.length, shape.branch_nodes
         index = self.index[:k]
-        rows = 1 + index  # the chunk's nodes' rows
+        rows = self.rows[1:1 + k]  # the chunk's nodes' rows
         limit = torch.full_like(matched, k)  # nodes on the branch followed
         if b:
             guesses, guessed = self.guesses[:, :b], self.guessed[:, :b]
