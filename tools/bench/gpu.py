@@ -183,11 +183,17 @@ def whisper_row(model_name: str, device: str, clips: List[Clip], label: str = "o
 
 
 def ours_row(label: str, name: str, device: str, clips: List[Clip], step_choice: str, batch_size: int = 0,
-             **options) -> Row:
+             ctc_settings: Optional[dict] = None, **options) -> Row:
+    """ctc_settings : settings over the CTC head's own (``DraftSettings``), e.g. without its second branch"""
     compute_type = "float16" if device == "cuda" else "float32"
 
     def make():
         model = medusa_whisper.load_model(name, device=device, compute_type=compute_type)
+        if ctc_settings:
+            head = model.draft_head
+            for part in (head.parts if head.kind == "union" else [head]):
+                if part.kind == "ctc":
+                    part.config.decoding = dict(part.config.decoding, **ctc_settings)
 
         def run(c: Clip) -> dict:
             with step(step_choice):
@@ -199,7 +205,7 @@ def ours_row(label: str, name: str, device: str, clips: List[Clip], step_choice:
         with step(step_choice):
             return medusa_whisper.transcribe(make.model, [c.audio for c in cs], language="en", verbose=None,
                                              batch_size=batch_size, **options)
-    described = ", ".join(f"{k}={v}" for k, v in options.items())
+    described = ", ".join(f"{k}={v}" for k, v in {**options, **(ctc_settings or {})}.items())
     note = f"{compute_type}, {step_choice} step" + (f", {described}" if described else "")
     return timed_rows(label, note, device, clips, make, batch if batch_size else None)
 
@@ -625,6 +631,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                                               if options else "")
         jobs.append(("proposers", lambda label=label, suffix=suffix, options=options: [
             ours_row(label, name + suffix, device, clips, fixed, **options)]))
+    # the CTC head without its second branch: each pass a chain, no tree (fewer kernels a pass, docs/gpu.md)
+    jobs.append(("proposers", lambda: [ours_row(f"{name}-ctc lossless, no second branch", name + "-ctc", device,
+                                                clips, fixed, ctc_settings=dict(jacobi=False))]))
     jobs.append(("batch", lambda: [ours_row("ours --mode off, --batch-size 32", name, device, clips, fixed,
                                             batch_size=32, mode="off")]))
     # beam search (and the fallback's best_of candidates): whisper's DecodingTask on our passes,
@@ -632,6 +641,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     jobs.append(("beam", lambda: beam_rows(name, device, clips, fixed)))
     jobs.append(("inductor", lambda: [ours_row("ours --mode off, fixed step compiled", name, device, clips,
                                                "compiled", mode="off")]))
+    # the proposers that pay, compiled (each pass shape compiled once: its time is the row's setup)
+    for suffix in ("-medusa", "-ctc"):
+        jobs.append(("inductor", lambda suffix=suffix: [ours_row(f"{name}{suffix} lossless, compiled", name + suffix,
+                                                                 device, clips, "compiled")]))
     jobs.append(("transformers", lambda: transformers_rows(name, device, clips)))
     jobs.append(("compile", lambda: transformers_compiled_rows(name, device, clips)))
     rows: List[Row] = [faster_whisper_row(device)]
