@@ -223,7 +223,9 @@ class WindowDecoder:
         if drafting:
             self.proposer.advance(hidden, self.history, start, accepted + 1, greedy, shape)
         length.add_(accepted + 1)
-        out.copy_(torch.cat([accepted.double(), greedy[0].double(), logprobs[0].double()]))
+        # written in two parts, cast by the copies: every operation is a kernel a GPU pass replays
+        out[:1 + rows].copy_(torch.cat([accepted, greedy[0]]))
+        out[1 + rows:].copy_(logprobs[0])
 
     def _tree_pass(self, nodes: int, rules: DeviceRules, out: Tensor, drafting: bool = False,
                    shape: Optional[Shape] = None) -> None:
@@ -241,10 +243,11 @@ class WindowDecoder:
         arange = self.node_index[:nodes]
         start = length - 1  # the pending token's position and slot
         positions = torch.cat([start, start + layout.depth])[None]  # (1, rows)
-        slots = torch.cat([start, length + arange])[None]
+        node_slots = length + arange  # each node's own slot
+        slots = torch.cat([start, node_slots])[None]
         committed = step.slots <= start  # (n_ctx,)
         own = torch.zeros(nodes, step.n_ctx, dtype=torch.bool, device=self.device)
-        own.scatter_(1, (length + arange).expand(nodes, nodes), layout.ancestors)  # ancestors' slots
+        own.scatter_(1, node_slots.expand(nodes, nodes), layout.ancestors)  # ancestors' slots
         mask = torch.cat([committed[None], committed[None] | own])[None]  # (1, rows, n_ctx)
         tokens = torch.cat([self.history.gather(1, start[:, None])[0], layout.tokens])[None]
         hidden = step(tokens, positions, mask, slots)
@@ -253,8 +256,8 @@ class WindowDecoder:
         # each row's context: the history, then its path of candidates
         contexts = self.history.expand(rows, -1).clone()
         path_tokens = layout.tokens[layout.paths]  # (nodes, nodes): node j's path, root side first
-        contexts[1:].scatter_(1, (length + arange).expand(nodes, nodes), path_tokens)
-        lengths = torch.cat([length, length + layout.depth])[:, None]  # (rows, 1)
+        contexts[1:].scatter_(1, node_slots.expand(nodes, nodes), path_tokens)
+        lengths = positions[0, :, None] + 1  # (rows, 1): each row's context ends with its own token
         logits = rules.apply(logits.view(rows, 1, -1), contexts, lengths).view(1, rows, -1)
         greedy = logits.argmax(dim=-1)[0]  # (rows,)
         logprobs = F.log_softmax(logits[0], dim=-1).gather(-1, greedy[:, None])[:, 0]
@@ -265,8 +268,9 @@ class WindowDecoder:
         deepest = reach.argmax().reshape(1)
         path = layout.paths.index_select(0, deepest)[0]  # the accepted nodes in depth order, then unused
         path_rows = torch.cat([torch.zeros_like(accepted), 1 + path])  # (rows,)
-        step.move_slots(length + arange, length + path)  # the accepted nodes' slots follow the pending token's
-        self.history.scatter_(1, (length + self.node_index[:rows])[None], greedy[path_rows][None])
+        step.move_slots(node_slots, length + path)  # the accepted nodes' slots follow the pending token's
+        committed_tokens = greedy[path_rows]  # the pending token's greedy token, then each accepted node's
+        self.history.scatter_(1, (length + self.node_index[:rows])[None], committed_tokens[None])
         if drafting:  # rows past the deepest path are never committed
             depth = self.proposer.depth(shape)
             self.proposer.advance(hidden[:, path_rows[:1 + depth]], self.history, start, accepted + 1, greedy[None],
@@ -275,8 +279,10 @@ class WindowDecoder:
             self.kept[nodes].copy_(hidden[:, path_rows])
         length.add_(accepted + 1)
         valid = layout.valid.sum().reshape(1)  # the candidates verified
-        out.copy_(torch.cat([deepest.double(), accepted.double(), greedy[path_rows].double(),
-                             logprobs[path_rows].double(), predictions.double(), valid.double()]))
+        # written in three parts, cast by the copies (fewer kernels than a cast of each piece)
+        out[:2 + rows].copy_(torch.cat([deepest, accepted, committed_tokens]))
+        out[2 + rows:2 + 2 * rows].copy_(logprobs[path_rows])
+        out[2 + 2 * rows:].copy_(torch.cat([predictions, valid]))
 
     def _program(self, rows: int, rules: DeviceRules, drafting: bool = False,
                  shape: Optional[Shape] = None) -> Tuple[Callable[[], None], Tensor]:

@@ -93,17 +93,20 @@ def pack_on_device(tokens: Tensor, parents: Tensor, valid: Tensor) -> Tensor:
     nodes = tokens.shape[0]
     index = torch.arange(nodes, device=tokens.device)
     # reach[j, i]: i is j or one of its ancestors; doubling the steps covers any depth in log2 rounds
-    reach = (parents[:, None] == index) | (index[:, None] == index)
+    # as 0.0 / 1.0 (path counts clamped to 1, exact in float32): one product and one clamp a round,
+    # where a bool matrix would be cast twice a round (every operation is a kernel of a GPU pass)
+    reach_01 = ((parents[:, None] == index) | (index[:, None] == index)).float()
     for _ in range(max(nodes - 1, 1).bit_length()):
-        reach = (reach.float() @ reach.float()) > 0
+        reach_01 = (reach_01 @ reach_01).clamp_(max=1.0)
+    reach = reach_01 > 0
     depth = reach.sum(dim=-1)  # the node itself counts: 1 for a child of the root
     earlier_twin = ((parents[:, None] == parents) & (tokens[:, None] == tokens) & (index[None, :] < index[:, None]))
     ok = valid & ~earlier_twin.any(dim=-1)
     kept = ~(reach & ~ok).any(dim=-1)
     # paths[j, e]: j's ancestor at depth e + 1 (each depth has one), then j
     at_depth = (depth[:, None] - 1 == index).float()  # (node, depth index)
-    on_path = (reach.float() @ at_depth) > 0
-    ancestor = (reach.float() @ (at_depth * index[:, None].float())).long()
+    on_path = (reach_01 @ at_depth) > 0
+    ancestor = (reach_01 @ (at_depth * index[:, None].float())).long()
     paths = torch.where(on_path, ancestor, index[:, None])
     rows = torch.stack([tokens, depth, parents + 1, kept.long()])
     return torch.cat([rows, reach.long(), paths])

@@ -67,6 +67,15 @@ class DeviceEagle(DeviceProposer):
             drafted = torch.arange(drafted_rows, device=device)
             self.level_slots = [drafted == ((d - 1) * width + self.own_rows)[:, None] for d in range(1, depth)]
             self.child_rows = self.own_rows[:, None].expand(width, width).flatten()
+            # constants of the pass, made once (every operation in it is a kernel a GPU pass replays):
+            # the drafted rows' slots after the committed ones, each level's node numbers in the grown
+            # tree, the kept nodes' new numbers and validity
+            self.drafted_slots = drafted
+            self.root_rows = torch.zeros(width, dtype=torch.long, device=device)
+            self.level_node_ids = [width + (d - 1) * width * width + torch.arange(width * width, device=device)
+                                   for d in range(1, depth)]
+            self.kept_index = torch.arange(self.tree_nodes, device=device)
+            self.kept_valid = torch.ones(self.tree_nodes, dtype=torch.bool, device=device)
         else:
             self.tokens = torch.zeros(1, depth, dtype=torch.long, device=device)
 
@@ -124,7 +133,7 @@ class DeviceEagle(DeviceProposer):
     def advance(self, states: Tensor, history: Tensor, start: Tensor, count: Tensor, greedy: Tensor,
                 shape: Optional[int]) -> None:
         rows = states.shape[1]
-        slots = start[:, None] + torch.arange(rows, device=start.device)  # (1, rows): row i at position start + i
+        slots = start[:, None] + self.slots[:rows]  # (1, rows): row i at position start + i
         x = self._fused(states.to(self.step.residual), history.gather(1, slots + 1), slots + 1)
         out = self._block(x, slots, self.slots <= slots[..., None])
         # the drafted feature after the committed rows: the state of the verifier's next token
@@ -152,21 +161,20 @@ class DeviceEagle(DeviceProposer):
         """EAGLE-2's tree as ``EagleProposer._tree`` grows it: level d's ``width`` best nodes are
         expanded in one block pass (rows at slots after ``committed``, each seeing the committed
         slots, its ancestors' rows and its own), each into its ``width`` best tokens."""
-        width, device = self.width, feature.device
+        width = self.width
         best, columns = self._logprobs(feature).topk(width, dim=-1)  # (1, width)
         level_tokens, level_scores = self.ids[columns[0]], best[0].double()
-        level_rows = torch.zeros(width, dtype=torch.long, device=device)  # the row whose output drafted each node
-        level_nodes = torch.arange(width, device=device)  # their numbers in the grown tree
+        level_rows = self.root_rows  # the row whose output drafted each node (the feature's, the only one)
+        level_nodes = self.own_rows  # their numbers in the grown tree
         tokens, parents, scores = [level_tokens], [torch.full_like(level_tokens, -1)], [level_scores]
         outputs, seen = feature, None  # the last level's block outputs; its rows' ancestor rows
-        drafted = (self.depth_ - 1) * width
         committed_slots = self.slots < committed[:, None]  # (1, slots)
         for d in range(1, self.depth_):
             frontier = torch.sort(-level_scores, stable=True).indices[:width]
             own = self.level_slots[d - 1]  # (width, drafted)
             seen = own if seen is None else seen[level_rows[frontier]] | own
             allowed = committed_slots.expand(width, -1).clone()
-            allowed.scatter_(1, committed + torch.arange(drafted, device=device).expand(width, -1), seen)
+            allowed.scatter_(1, committed + self.drafted_slots.expand(width, -1), seen)
             row_slots = (committed + (d - 1) * width + self.own_rows)[None]  # (1, width)
             x = self._fused(outputs[level_rows[frontier]][None], level_tokens[frontier][None],
                             (committed + d).expand(1, width))
@@ -176,15 +184,14 @@ class DeviceEagle(DeviceProposer):
             level_tokens = self.ids[columns].flatten()
             level_scores = (level_scores[frontier][:, None] + best.double()).flatten()
             level_rows = self.child_rows
-            level_nodes = width + (d - 1) * width * width + torch.arange(width * width, device=device)
+            level_nodes = self.level_node_ids[d - 1]
             tokens.append(level_tokens)
             scores.append(level_scores)
         all_tokens, all_parents, all_scores = torch.cat(tokens), torch.cat(parents), torch.cat(scores)
         # the best nodes of the grown tree, in the grown order (EagleProposer's top_nodes)
         chosen = torch.sort(torch.sort(-all_scores, stable=True).indices[:self.tree_nodes]).values
         new_index = torch.full_like(all_parents, -1)
-        new_index[chosen] = torch.arange(self.tree_nodes, device=device)
+        new_index[chosen] = self.kept_index
         parent = all_parents[chosen]
         tree_parents = torch.where(parent >= 0, new_index[parent.clamp(min=0)], parent)
-        self.packed.copy_(pack_on_device(all_tokens[chosen], tree_parents,
-                                         torch.ones(self.tree_nodes, dtype=torch.bool, device=device)))
+        self.packed.copy_(pack_on_device(all_tokens[chosen], tree_parents, self.kept_valid))
