@@ -99,8 +99,8 @@ class DeviceCtc(DeviceProposer):
         self.near = torch.arange(-BEHIND, AHEAD + 1, device=device)
         self.ahead = torch.arange(AHEAD + 1, device=device)
         self.back = torch.arange(MATCH, device=device)
-        # constants of the pass, made once: every operation in it is a kernel a GPU pass replays
-        # a pass's rows, its first the pending token's (a union's pass may hold more than a chunk's)
+        # constants of the pass, made once: every operation in it is a kernel a GPU pass replays.
+        # A pass's rows, its first the pending token's (a union's pass may hold more than a chunk's):
         self.rows = torch.arange(step.n_ctx + 2, device=device)
         self.last_two = torch.tensor([0, 1], device=device)  # the next token's position, and the one before
         self.near_back = PAD - 1 + self.near[:, None] - self.back  # draft index before each near position
@@ -208,9 +208,9 @@ class DeviceCtc(DeviceProposer):
     def advance(self, states: Tensor, history: Tensor, start: Tensor, count: Tensor, greedy: Tensor,
                 shape: Optional[Chunk]) -> None:
         size = shape.length if shape is not None else 0
-        rows = self.rows[:states.shape[1]]
-        new = history.gather(1, start[:, None] + self.rows[1:1 + states.shape[1]])  # (1, rows): the accepted
-        # candidates, then the next token
+        n = states.shape[1]
+        rows = self.rows[:n]
+        new = history.gather(1, start[:, None] + self.rows[1:1 + n])  # (1, rows): accepted candidates, next token
         last = start + count  # the next token's position
         pair = history.gather(1, last[:, None] - self.last_two)
         token, before = pair[:, 0], pair[:, 1]  # (1,) each
