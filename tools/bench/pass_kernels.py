@@ -43,6 +43,7 @@ from medusa_whisper.drafting.device.medusa import DeviceMedusa
 from medusa_whisper.drafting.device.union import DeviceUnion
 from medusa_whisper.step.fixed import FixedStep
 from tools import ROOT
+from tools.bench.gpu import step
 
 # (label, model suffix, decoding options): the rows of tools/bench/gpu.py's PROFILED
 PROPOSERS = (("--mode off", "", dict(mode="off")),
@@ -76,7 +77,17 @@ def h100_row_costs(self, rows) -> tuple:
 
 
 @contextlib.contextmanager
-def scoped(owner: type, method: str, label: str) -> Iterator[None]:
+def _replaced(owner: type, name: str, value) -> Iterator[None]:
+    """``owner.name`` is ``value`` while the block runs."""
+    original = owner.__dict__[name]
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def scoped(owner: type, method: str, label: str):
     """``owner.method`` runs inside ``record_function(label)`` while the block runs."""
     original = owner.__dict__[method]
 
@@ -84,22 +95,7 @@ def scoped(owner: type, method: str, label: str) -> Iterator[None]:
     def wrapper(*args, **kwargs):
         with torch.profiler.record_function(label):
             return original(*args, **kwargs)
-
-    setattr(owner, method, wrapper)
-    try:
-        yield
-    finally:
-        setattr(owner, method, original)
-
-
-@contextlib.contextmanager
-def _replaced(owner: type, name: str, value) -> Iterator[None]:
-    original = owner.__dict__[name]
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
+    return _replaced(owner, method, wrapper)
 
 
 @contextlib.contextmanager
@@ -118,19 +114,20 @@ def labelled() -> Iterator[None]:
         yield
 
 
+def _is_work(name: str) -> bool:
+    """An ATen operator that may do work on the device (not a view, allocation or host scalar)."""
+    return name.startswith("aten::") and name not in NO_KERNEL and name not in HOST_ONLY
+
+
 def launches(event) -> bool:
-    """Whether ``event`` stands for one kernel: an ATen operator that does work on the device and
-    calls no operator that does (its own allocations and views aside), and is not under one whose
-    work is on the host."""
-    if not event.name.startswith("aten::") or event.name in NO_KERNEL or event.name in HOST_ONLY:
-        return False
-    return not any(_does_work(child) for child in event.cpu_children)
+    """Whether ``event`` stands for one kernel: an operator that does work and calls no operator that
+    does (its own allocations and views aside). ``kernels_by_part`` leaves out those under a
+    host-only operator."""
+    return _is_work(event.name) and not any(_does_work(child) for child in event.cpu_children)
 
 
 def _does_work(event) -> bool:
-    if event.name.startswith("aten::") and event.name not in NO_KERNEL and event.name not in HOST_ONLY:
-        return True
-    return any(_does_work(child) for child in event.cpu_children)
+    return _is_work(event.name) or any(_does_work(child) for child in event.cpu_children)
 
 
 def kernels_by_part(events) -> Dict[str, int]:
@@ -160,18 +157,10 @@ def count(model_name: str, audio: Path, labels: Optional[List[str]] = None) -> D
         mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(torch.from_numpy(audio_array)), model.dims.n_mels)
         with torch.no_grad():
             features = model.embed_audio(mel[None])[0]
-        old = loop.os.environ.get(loop.STEP_ENV)
-        loop.os.environ[loop.STEP_ENV] = "fixed"
-        try:
-            with labelled():
-                medusa_whisper.decode(model, features, language="en", **options)  # every program built once
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                    result = medusa_whisper.decode(model, features, language="en", **options)
-        finally:
-            if old is None:
-                loop.os.environ.pop(loop.STEP_ENV, None)
-            else:
-                loop.os.environ[loop.STEP_ENV] = old
+        with step("fixed"), labelled():
+            medusa_whisper.decode(model, features, language="en", **options)  # every program built once
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                result = medusa_whisper.decode(model, features, language="en", **options)
         passes = max(result.decoder_steps, 1)
         counts = kernels_by_part(prof.events())
         out[label] = dict(passes=passes, tokens_per_pass=round(result.tokens_produced / passes, 3),
@@ -197,7 +186,6 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated labels of PROPOSERS")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(torch.get_num_threads(), 1))
     report = count(args.model, args.audio, [s for s in args.only.split(",") if s])
     print(markdown(report))
     if args.json is not None:
