@@ -158,3 +158,30 @@ def test_an_int8_beam_runs_its_prompt_once_and_gets_the_numbers_of_every_copy(me
     assert firsts[1:] == [1, 3]
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0.5)
     assert torch.equal(logits[0].argmax(dim=-1), logits[1].argmax(dim=-1))
+
+
+def test_int8_candidates_pass_together_with_each_rows_logits_up_to_rounding(mel, monkeypatch):
+    """A window's candidates are only ever computed together (candidates._CpuRows.next), so every
+    pass runs with its rows together (together.py): each row's logits are its own decoded alone up
+    to the rounding of the products the rows share."""
+    from medusa_whisper.decoding import candidates
+    from medusa_whisper.step import together
+    int8 = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    generator = torch.Generator().manual_seed(3)
+    tokens = torch.cat([torch.tensor([[50257, 50362]] * 4), torch.randint(0, 50256, (4, 6), generator=generator)], 1)
+    features = int8.embed_audio(mel[None])
+    seen = []
+    real = candidates.decoder_hidden
+    monkeypatch.setattr(candidates, "decoder_hidden", lambda *args: seen.append(together.together()) or real(*args))
+
+    def fed(rows: torch.Tensor) -> list:
+        inference = candidates.CandidatesInference(int8, rows.shape[0], products="cpu")
+        audio = features.repeat_interleave(rows.shape[0], dim=0)
+        with torch.no_grad():
+            return [inference.next_logits(rows[:, :end], audio, None)[0] for end in range(2, rows.shape[1] + 1)]
+
+    side_by_side = fed(tokens)
+    assert seen == [True] * len(side_by_side)
+    for row in range(4):
+        for step, logits in enumerate(fed(tokens[row:row + 1])):
+            torch.testing.assert_close(side_by_side[step][row], logits[0], rtol=0, atol=0.5)

@@ -37,11 +37,15 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
-from whisper.decoding import BeamSearchDecoder, DecodingOptions, DecodingResult, DecodingTask, Inference
+from torch.distributions import Categorical
+from whisper.decoding import (BeamSearchDecoder, DecodingOptions, DecodingResult, DecodingTask, GreedyDecoder,
+                              Inference)
 from whisper.model import Whisper
 
 from . import loop
+from .draws import multinomial_one
 from .rules import DeviceRules, whisper_rules_first
 from ..step.compute import compute_type_of
 from ..step.decoder import DecoderCache, decoder_hidden, new_cache, next_token_logits
@@ -81,8 +85,14 @@ class _CpuRows:
         new = tokens[:, start:]
         n = new.shape[1]
         positions = torch.arange(start, start + n, device=tokens.device)
-        hidden = decoder_hidden(self.model.decoder, new, positions, self.cache, start,
-                                chain_mask(start, n, tokens.device))
+        # A window's candidates (best_of samples, beams) go through every pass together, in every
+        # way the window is decoded (alone; a fallback window of a batch is decoded alone too), as
+        # its prompt pass does: so their passes take the kernels made for rows computed together
+        # (together.py), e.g. one cross-attention product over the audio's keys for all candidates,
+        # where rows alone read its 1,500 keys once per candidate.
+        with rows_together():
+            hidden = decoder_hidden(self.model.decoder, new, positions, self.cache, start,
+                                    chain_mask(start, n, tokens.device))
         return next_token_logits(self.model, hidden[:, -1:])
 
     def _one_prompt(self, new: Tensor) -> bool:
@@ -233,11 +243,31 @@ class CandidatesInference(Inference):
         self.rows = None
 
 
+class SampledTokens(GreedyDecoder):
+    """whisper's ``GreedyDecoder``, whose draw at a temperature above 0 is ``draws.multinomial_one``:
+    the tokens ``Categorical(...).sample()`` draws from the same generator state, in a third of the time."""
+
+    def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> Tuple[Tensor, Tensor]:
+        if self.temperature == 0:
+            return super().update(tokens, logits, sum_logprobs)
+        probs = Categorical(logits=logits / self.temperature).probs  # the distribution whisper samples
+        chosen = multinomial_one(probs.reshape(-1, probs.shape[-1]))[:, 0]
+        # whisper's bookkeeping: a finished row adds nothing to its sum and repeats end-of-text
+        ended = tokens[:, -1] == self.eot
+        logprobs = F.log_softmax(logits.float(), dim=-1)
+        sum_logprobs += logprobs[torch.arange(logprobs.shape[0]), chosen] * ~ended
+        chosen[ended] = self.eot
+        tokens = torch.cat([tokens, chosen[:, None]], dim=-1)
+        return tokens, (tokens[:, -1] == self.eot).all()
+
+
 class StepDecodingTask(DecodingTask):
     """whisper's ``DecodingTask`` whose decoder passes are ``CandidatesInference``'s."""
 
     def __init__(self, model: Whisper, options: DecodingOptions):
         super().__init__(model, options)
+        if type(self.decoder) is GreedyDecoder:
+            self.decoder = SampledTokens(self.decoder.temperature, self.decoder.eot)
         # whisper's filters as the package's rules, every row at once (rules.py)
         self.logit_filters = whisper_rules_first(
             self.logit_filters, lambda whispers: DeviceRules.of(whispers, model.dims.n_vocab, model.device))

@@ -2,6 +2,7 @@
 
     python -m tools.bench long-profile --audio data/long/real_8min.flac
     python -m tools.bench long-profile --audio data/long/real_repeated_3min.flac --best-of 5
+    python -m tools.bench long-profile --vad-chunks --batch-size 8
 
 Runs ``medusa_whisper.transcribe`` once on the CPU's products (after a warm-up clip, so that the
 first-use measurements of the routes do not count), with each part of the work timed where it is
@@ -13,6 +14,12 @@ called:
   projections; what is left of an attempt is the host's (whisper's rules, acceptance, the loop);
 - sampled attempts (the temperature fallback, ``best_of`` candidates), and inside them the
   candidates' decoder passes; what is left is the draws and the rules.
+
+With ``--vad-chunks`` the recording is cut by the VAD and its chunks decoded side by side
+(``transcribe(..., vad_chunks=True)``): then the VAD is timed, and the batch loop's parts (each
+window's cross-attention keys and values and prompt pass, the passes over the items in use, their
+vocabulary products); what is left of the loop is the host's (rules, mel, windows' results). Windows
+decoded alone (the fallback) are timed as attempts, as above.
 
 Prints the totals, the windows that cost the most, and the largest share; ``--out`` writes JSON.
 """
@@ -29,9 +36,10 @@ from typing import Callable, Dict, List
 import torch
 
 import medusa_whisper
-from medusa_whisper.decoding import candidates
-from medusa_whisper.step.cpu import CpuStep
-from medusa_whisper.transcription import longform
+from medusa_whisper.audio import vad
+from medusa_whisper.decoding import batches, candidates
+from medusa_whisper.step.cpu import CpuBatchStep, CpuStep
+from medusa_whisper.transcription import chunked, longform
 from tools import ROOT
 
 WARM_UP = ROOT / "data" / "real" / "alsa_front_center.flac"
@@ -72,6 +80,12 @@ def instrument(model, clock: Clock) -> None:
     CpuStep.logits = clock.timed(lambda *a, **k: "greedy: vocabulary", CpuStep.logits)
     candidates.CandidatesInference.next_logits = clock.timed(lambda *a, **k: "sampled: candidates' passes",
                                                              candidates.CandidatesInference.next_logits)
+    CpuBatchStep.set_audio = clock.timed(lambda *a, **k: "batch: cross keys and values", CpuBatchStep.set_audio)
+    CpuBatchStep.prompt = clock.timed(lambda *a, **k: "batch: prompt passes", CpuBatchStep.prompt)
+    CpuBatchStep.rows = clock.timed(lambda *a, **k: "batch: passes", CpuBatchStep.rows)
+    CpuBatchStep.logits = clock.timed(lambda *a, **k: "batch: vocabulary", CpuBatchStep.logits)
+    batches.BatchDecoder.run = clock.timed(lambda *a, **k: "batch loop", batches.BatchDecoder.run)
+    chunked.speech_spans = clock.timed(lambda *a, **k: "VAD", vad.speech_spans)
     real_decode = longform.decode
 
     def decode(model_, mel, options, **kwargs):
@@ -96,18 +110,25 @@ def report(clock: Clock, total: float, segments: int) -> Dict[str, object]:
     spent["greedy: host (rules, acceptance, loop)"] = spent.get("greedy attempts", 0.0) - sum(spent[k] for k in greedy_parts)
     spent["sampled: draws, rules and the rest"] = (spent.get("sampled attempts", 0.0)
                                                    - spent.get("sampled: candidates' passes", 0.0))
-    spent["outside the attempts and the encoder (audio, segments)"] = (
-        total - spent.get("greedy attempts", 0.0) - spent.get("sampled attempts", 0.0) - spent.get("encoder", 0.0))
+    if "batch loop" in spent:  # the encoder and the windows decoded alone run inside the loop
+        batch_parts = [k for k in spent if k.startswith("batch: ")]
+        spent["batch: host (rules, mel, the loop)"] = spent["batch loop"] - sum(spent[k] for k in batch_parts) - sum(
+            spent.get(k, 0.0) for k in ("encoder", "greedy attempts", "sampled attempts"))
+        inside = spent.pop("batch loop") + spent.get("VAD", 0.0)
+    else:
+        inside = spent.get("greedy attempts", 0.0) + spent.get("sampled attempts", 0.0) + spent.get("encoder", 0.0)
+    spent["outside the attempts and the encoder (audio, segments)"] = total - inside
     fallback = sum(1 for w in clock.windows if len(w["attempts"]) > 1)
     print(f"total {total:.2f} s, {len(clock.windows)} windows ({fallback} fell back), {segments} segments")
     print("\n| part | seconds | share | calls |\n|---|---|---|---|")
-    for key in ("encoder", "greedy attempts", "greedy: cross keys and values", "greedy: prompt pass",
+    for key in ("VAD", "encoder", "batch: cross keys and values", "batch: prompt passes", "batch: passes",
+                "batch: vocabulary", "batch: host (rules, mel, the loop)", "greedy attempts", "greedy: cross keys and values", "greedy: prompt pass",
                 "greedy: later passes", "greedy: vocabulary", "greedy: host (rules, acceptance, loop)",
                 "sampled attempts", "sampled: candidates' passes", "sampled: draws, rules and the rest",
                 "outside the attempts and the encoder (audio, segments)"):
         if key in spent:
             print(f"| {key} | {spent[key]:.2f} | {spent[key] / total:.0%} | {clock.calls.get(key, '')} |")
-    leaves = {k: v for k, v in spent.items() if ":" in k or k == "encoder"}
+    leaves = {k: v for k, v in spent.items() if ":" in k or k in ("encoder", "VAD")}
     largest = max(leaves, key=leaves.get)
     print(f"\nlargest share: {largest} ({leaves[largest]:.2f} s, {leaves[largest] / total:.0%})")
     print("\nthe five dearest windows: | window | seconds | attempts | tokens |")
@@ -126,6 +147,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--best-of", type=int, default=None,
                         help="candidates sampled per fallback temperature (default: transcribe's, as tools.bench long)")
+    parser.add_argument("--vad-chunks", action="store_true", help="cut by the VAD, chunks side by side")
+    parser.add_argument("--batch-size", type=int, default=8, help="chunks side by side, with --vad-chunks")
     parser.add_argument("--seed", type=int, default=0, help="torch's generator, which the fallback samples from")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -134,16 +157,17 @@ def main() -> None:
     clock = Clock()
     instrument(model, clock)
     options = dict(language="en", verbose=None, **({} if args.best_of is None else {"best_of": args.best_of}))
-    medusa_whisper.transcribe(model, str(WARM_UP), **options)
+    chunks = dict(vad_chunks=True, batch_size=args.batch_size) if args.vad_chunks else {}
+    medusa_whisper.transcribe(model, str(WARM_UP), **options, **chunks)  # (the VAD's model loaded too)
     clock.clear()
     torch.manual_seed(args.seed)
     began = time.perf_counter()
-    out = medusa_whisper.transcribe(model, str(args.audio), **options)
+    out = medusa_whisper.transcribe(model, str(args.audio), **options, **chunks)
     result = report(clock, time.perf_counter() - began, len(out["segments"]))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"audio": str(args.audio), "model": args.model, "compute_type": args.compute_type,
-                                        "threads": args.threads, **result}, indent=1) + "\n")
+                                        "threads": args.threads, **chunks, **result}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
