@@ -209,3 +209,12 @@ def test_bench_long_checks_each_compute_type_against_its_own_greedy_output():
         assert row["reference"] == want, row["name"]
     plain = [r["name"] for r in bench_long.systems("base", ("int8",), heads=False)]
     assert plain == [whisper_row, "medusa_whisper off int8"]
+
+
+def test_bench_long_counts_each_systems_fallback_from_its_segments():
+    """A window's final temperature t took t / 0.2 sampled attempts; its segments share it."""
+    from tools.bench import long as bench_long
+
+    segments = [(0, 0.0), (0, 0.0), (3000, 0.4), (3000, 0.4), (5800, 1.0), (8800, 0.0), (11000, 0.2)]
+    assert bench_long.sampled_attempts(segments) == dict(fallback_windows=3, sampled_attempts=2 + 5 + 1)
+    assert bench_long.sampled_attempts([]) == dict(fallback_windows=0, sampled_attempts=0)

@@ -26,9 +26,13 @@ Both project only the two prompt positions whisper reads (the start-of-transcrip
 no-speech probability, and the last one's) and, for a Medusa model with a base head, the logits
 greedy decoding uses (``heads.base_state``), which whisper's decoder would not apply.
 
+A window's candidates are only ever computed together, so their passes run inside
+``rows_together`` (one cross-attention product for all of them, among others).
+
 Differs from whisper: the logits are the package's (same float32 math, other kernels), so a sampled
 candidate draws from the same distribution but not necessarily the same bits; the draws themselves
-come from torch's global generator exactly as whisper's ``Categorical.sample`` takes them.
+are the ones whisper's ``Categorical.sample`` takes from torch's global generator, made without
+its serial loop (``draws.py``, ``SampledTokens``).
 """
 
 from __future__ import annotations

@@ -59,20 +59,40 @@ def systems(model_name: str, compute_types: Sequence[str] = ("float32", "int8"),
     return rows
 
 
-def run_once(system: Dict, models: Dict, audio_path: Path, best_of: Optional[int] = None) -> Dict:
+def sampled_attempts(windows: Sequence[tuple], step: float = 0.2) -> Dict[str, int]:
+    """How many windows fell back, and how many sampled attempts they made, read from the segments'
+    (seek, temperature): whisper's fallback tries 0.0, 0.2, ... 1.0 in turn and keeps the first
+    attempt its rules accept (the last one where none is), so a window's final temperature t took
+    t / 0.2 sampled attempts. Works for every system, faster-whisper's included, whose choice of
+    which windows fall back differs from run to run and decides much of a fallback-heavy file's time."""
+    final = dict(windows)  # seek -> temperature (every segment of a window has the window's)
+    attempts = [round(t / step) for t in final.values()]
+    return dict(fallback_windows=sum(a > 0 for a in attempts), sampled_attempts=sum(attempts))
+
+
+# --force-fallback: no attempt's average log-probability reaches 0, so every window tries every
+# temperature and every system does the same work (which windows fall back otherwise turns on the
+# last bits of each engine's logits, and decides much of a fallback-heavy file's time)
+FORCED_FALLBACK = dict(logprob_threshold=0.0)
+
+
+def run_once(system: Dict, models: Dict, audio_path: Path, best_of: Optional[int] = None,
+             force_fallback: bool = False) -> Dict:
     model = models[system["model"], system["compute_type"]]
+    forced = FORCED_FALLBACK if force_fallback else {}
     torch.manual_seed(0)
     began = time.perf_counter()
     if system.get("vanilla"):
-        result = whisper.transcribe(model, load_audio(audio_path), fp16=False, language="en", best_of=best_of)
+        result = whisper.transcribe(model, load_audio(audio_path), fp16=False, language="en", best_of=best_of,
+                                    **forced)
     else:
         result = model.transcribe(audio_path, mode=system["mode"], language="en", best_of=best_of,
-                                  **system.get("options", {}))
+                                  **system.get("options", {}), **forced)
     return dict(seconds=time.perf_counter() - began, result=result)
 
 
 def run_faster_whisper(model_name: str, compute_type: str, audio_path: Path, threads: int,
-                       best_of: Optional[int] = None) -> Dict:
+                       best_of: Optional[int] = None, force_fallback: bool = False) -> Dict:
     """faster-whisper's transcribe with whisper.transcribe's defaults as far as it has them: greedy
     with temperature fallback (``best_of`` candidates, one when None, as whisper.transcribe samples),
     the previous text as prompt, timestamps, no VAD."""
@@ -85,7 +105,9 @@ def run_faster_whisper(model_name: str, compute_type: str, audio_path: Path, thr
     audio = load_audio(audio_path)
     list(fw.transcribe(audio[: 16000 * 30], language="en", beam_size=1, best_of=1, vad_filter=False)[0])  # warm-up
     began = time.perf_counter()
-    segments = list(fw.transcribe(audio, language="en", beam_size=1, best_of=best_of or 1, vad_filter=False)[0])
+    forced = dict(log_prob_threshold=FORCED_FALLBACK["logprob_threshold"]) if force_fallback else {}
+    segments = list(fw.transcribe(audio, language="en", beam_size=1, best_of=best_of or 1, vad_filter=False,
+                                  **forced)[0])
     return dict(seconds=time.perf_counter() - began, segments=segments, text="".join(s.text for s in segments))
 
 
@@ -102,6 +124,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--best-of", type=int, default=None, metavar="N",
                         help="candidates sampled per fallback temperature, for every system (default: "
                              "whisper.transcribe's, one)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="only the recording's first SECONDS (written beside --out; no WER then)")
+    parser.add_argument("--force-fallback", action="store_true",
+                        help="every window tries every temperature, in every system: the same work for each")
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -112,6 +138,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         key = row["model"], row["compute_type"]
         if key not in models:
             models[key] = medusa_whisper.load_model(row["model"], device="cpu", compute_type=row["compute_type"])
+    if args.seconds is not None:  # a file of its own, so every system still reads and decodes a file
+        import soundfile
+
+        cut = args.out.with_name(f"{args.audio.stem}_first{args.seconds:g}s.flac")
+        cut.parent.mkdir(parents=True, exist_ok=True)
+        soundfile.write(str(cut), load_audio(args.audio)[: int(16000 * args.seconds)], 16000)
+        args.audio = cut
     duration = len(load_audio(args.audio)) / 16000
     # warm-up: 30 s of the file through each system
     for row in rows:
@@ -127,7 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results: Dict[str, dict] = {}
     for round_index in range(args.rounds):
         for row in rows:
-            run = run_once(row, models, args.audio, args.best_of)
+            run = run_once(row, models, args.audio, args.best_of, args.force_fallback)
             times[row["name"]].append(run["seconds"])
             results[row["name"]] = run["result"]
             print(f"round {round_index + 1}: {row['name']}: {run['seconds']:.1f} s", file=sys.stderr, flush=True)
@@ -144,14 +177,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fw_rows = []
     for compute_type in filter(None, args.faster_whisper.split(",")):
         try:
-            run = run_faster_whisper(args.model, compute_type, args.audio, args.threads, args.best_of)
+            run = run_faster_whisper(args.model, compute_type, args.audio, args.threads, args.best_of,
+                                     args.force_fallback)
         except ImportError:
             print("faster-whisper is not installed (make bench-setup installs it): its rows are skipped",
                   file=sys.stderr)
             break
+        fallback = sampled_attempts([(s.seek, s.temperature) for s in run["segments"]])
         fw_rows.append(dict(system=f"faster-whisper {compute_type}", seconds=run["seconds"],
                             speedup=statistics.median(times[rows[0]["name"]]) / run["seconds"], tokens_per_step=1.0,
-                            windows=None, fallback_windows=None, same_segments=None, segments=len(run["segments"]),
+                            windows=None, same_segments=None, segments=len(run["segments"]), **fallback,
                             reference=None, wer=None if reference is None else jiwer.wer(reference, normalise(run["text"])),
                             draft_seconds=None))
         print(f"faster-whisper {compute_type}: {run['seconds']:.1f} s", file=sys.stderr, flush=True)
@@ -164,9 +199,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         seconds = statistics.median(times[row["name"]])
         same_as = row.get("reference", rows[0]["name"])
         same = segments(row["name"]) == segments(same_as)
+        fallback = sampled_attempts([(s["seek"], s["temperature"]) for s in result["segments"]])
         table.append(dict(system=row["name"], seconds=seconds, speedup=base_time / seconds,
                           tokens_per_step=stats.get("tokens_per_step", 1.0), windows=stats.get("windows"),
-                          fallback_windows=stats.get("fallback_windows"), same_segments=same,
+                          **fallback, same_segments=same,
                           segments=len(result["segments"]), reference=same_as,
                           wer=None if reference is None else jiwer.wer(reference, normalise(result["text"])),
                           draft_seconds=stats.get("draft_seconds")))
@@ -174,16 +210,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     table += fw_rows
     header = (f"`{args.audio.name}`, {duration / 60:.1f} min; model `{args.model}` on cpu, {args.threads} threads; "
               f"whisper.transcribe's default options (fallback on, timestamps on"
-              f"{f', best_of {args.best_of}' if args.best_of else ''}); median of {args.rounds} "
+              f"{f', best_of {args.best_of}' if args.best_of else ''}"
+              f"{', every window falling back (--force-fallback)' if args.force_fallback else ''}); median of {args.rounds} "
               f"round(s); {machine()}; torch {torch.__version__}; "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))}, {time.time() - began:.0f} s.")
     lines = [header, "", "| system | seconds | speedup vs whisper.transcribe | tokens/step | windows | fallback windows "
-             "| segments | WER | same segments as greedy at its compute type |", "|---|---|---|---|---|---|---|---|---|"]
+             "| sampled attempts | segments | WER | same segments as greedy at its compute type |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         wer = "-" if r["wer"] is None else f"{100 * r['wer']:.2f} %"
         same = "-" if r["same_segments"] is None else f"{'yes' if r['same_segments'] else 'no'} ({r['reference']})"
         lines.append(f"| {r['system']} | {r['seconds']:.1f} | {r['speedup']:.2f}x | {r['tokens_per_step']:.2f} | "
-                     f"{r['windows'] or '-'} | {r['fallback_windows'] if r['fallback_windows'] is not None else '-'} | "
+                     f"{r['windows'] or '-'} | {r['fallback_windows']} | {r['sampled_attempts']} | "
                      f"{r['segments']} | {wer} | "
                      f"{same} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)

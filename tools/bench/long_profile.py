@@ -107,9 +107,11 @@ def instrument(model, clock: Clock) -> None:
 def report(clock: Clock, total: float, segments: int) -> Dict[str, object]:
     spent = dict(clock.spent)
     greedy_parts = [k for k in spent if k.startswith("greedy: ")]
-    spent["greedy: host (rules, acceptance, loop)"] = spent.get("greedy attempts", 0.0) - sum(spent[k] for k in greedy_parts)
-    spent["sampled: draws, rules and the rest"] = (spent.get("sampled attempts", 0.0)
-                                                   - spent.get("sampled: candidates' passes", 0.0))
+    if "greedy attempts" in spent:
+        spent["greedy: host (rules, acceptance, loop)"] = spent["greedy attempts"] - sum(spent[k] for k in greedy_parts)
+    if "sampled attempts" in spent:
+        spent["sampled: draws, rules and the rest"] = (spent["sampled attempts"]
+                                                       - spent.get("sampled: candidates' passes", 0.0))
     if "batch loop" in spent:  # the encoder and the windows decoded alone run inside the loop
         batch_parts = [k for k in spent if k.startswith("batch: ")]
         spent["batch: host (rules, mel, the loop)"] = spent["batch loop"] - sum(spent[k] for k in batch_parts) - sum(
