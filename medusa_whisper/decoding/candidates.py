@@ -249,7 +249,7 @@ class CandidatesInference(Inference):
 
 class SampledTokens(GreedyDecoder):
     """whisper's ``GreedyDecoder``, whose draw at a temperature above 0 is ``draws.multinomial_one``:
-    the tokens ``Categorical(...).sample()`` draws from the same generator state, in a third of the time."""
+    the tokens ``Categorical(...).sample()`` draws from the same generator state, in half the time or less."""
 
     def update(self, tokens: Tensor, logits: Tensor, sum_logprobs: Tensor) -> Tuple[Tensor, Tensor]:
         if self.temperature == 0:

@@ -1,4 +1,4 @@
-"""whisper's sampled draw: the same tokens from the same generator state, at a third of the cost.
+"""whisper's sampled draw: the same tokens from the same generator state, in half the time or less.
 
 A sampled fallback attempt draws every candidate's next token with
 ``Categorical(logits=logits / temperature).sample()``, which is ``torch.multinomial(probs, 1, True)``.
@@ -8,7 +8,7 @@ seventh to a quarter of a best_of 5 pass of base int8.
 
 The same q, bit for bit, comes from one 64-bit draw per entry in the same order (``random_`` on
 int64), its low 53 bits as a uniform u in [0, 1), q = -log1p(-u) in float64 cast to float32; done
-as whole-tensor operations it costs 1.6 ms there. That is how this PyTorch draws, not a promise of
+as whole-tensor operations it costs 1.6-2.3 ms there. That is how this PyTorch draws, not a promise of
 its API, so ``exact()`` checks it once per process (tokens and the generator's state after, against
 ``torch.multinomial``), and ``multinomial_one`` calls ``torch.multinomial`` itself where the check
 fails, and for anything it does not take (other dtypes or devices, probabilities it would reject).

@@ -211,7 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     header = (f"`{args.audio.name}`, {duration / 60:.1f} min; model `{args.model}` on cpu, {args.threads} threads; "
               f"whisper.transcribe's default options (fallback on, timestamps on"
               f"{f', best_of {args.best_of}' if args.best_of else ''}"
-              f"{', every window falling back (--force-fallback)' if args.force_fallback else ''}); median of {args.rounds} "
+              f"{', every window falling back (--force-fallback)' if args.force_fallback else ''}); "
+              f"median of {args.rounds} "
               f"round(s); {machine()}; torch {torch.__version__}; "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))}, {time.time() - began:.0f} s.")
     lines = [header, "", "| system | seconds | speedup vs whisper.transcribe | tokens/step | windows | fallback windows "

@@ -124,7 +124,8 @@ def report(clock: Clock, total: float, segments: int) -> Dict[str, object]:
     print(f"total {total:.2f} s, {len(clock.windows)} windows ({fallback} fell back), {segments} segments")
     print("\n| part | seconds | share | calls |\n|---|---|---|---|")
     for key in ("VAD", "encoder", "batch: cross keys and values", "batch: prompt passes", "batch: passes",
-                "batch: vocabulary", "batch: host (rules, mel, the loop)", "greedy attempts", "greedy: cross keys and values", "greedy: prompt pass",
+                "batch: vocabulary", "batch: host (rules, mel, the loop)", "greedy attempts",
+                "greedy: cross keys and values", "greedy: prompt pass",
                 "greedy: later passes", "greedy: vocabulary", "greedy: host (rules, acceptance, loop)",
                 "sampled attempts", "sampled: candidates' passes", "sampled: draws, rules and the rest",
                 "outside the attempts and the encoder (audio, segments)"):
