@@ -59,13 +59,13 @@ def systems(model_name: str, compute_types: Sequence[str] = ("float32", "int8"),
     return rows
 
 
-def sampled_attempts(windows: Sequence[tuple], step: float = 0.2) -> Dict[str, int]:
+def sampled_attempts(segments: Sequence[tuple], step: float = 0.2) -> Dict[str, int]:
     """How many windows fell back, and how many sampled attempts they made, read from the segments'
     (seek, temperature): whisper's fallback tries 0.0, 0.2, ... 1.0 in turn and keeps the first
     attempt its rules accept (the last one where none is), so a window's final temperature t took
     t / 0.2 sampled attempts. Works for every system, faster-whisper's included, whose choice of
     which windows fall back differs from run to run and decides much of a fallback-heavy file's time."""
-    final = dict(windows)  # seek -> temperature (every segment of a window has the window's)
+    final = dict(segments)  # seek -> temperature (every segment of a window has the window's)
     attempts = [round(t / step) for t in final.values()]
     return dict(fallback_windows=sum(a > 0 for a in attempts), sampled_attempts=sum(attempts))
 
