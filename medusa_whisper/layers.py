@@ -68,10 +68,12 @@ LAYERS: Tuple[Layer, ...] = (
     Layer("decoding", "decoding/: whisper's rules as tensor operations (rules), the host's acceptance (acceptance), "
                       "the one loop of a window (loop), knowing proposers only through the seam; best_of and beams "
                       "as whisper's DecodingTask over the step (candidates), with whisper's sampled draw made "
-                      "whole-tensor (draws); the public decode (window); many windows side by side (batches)",
+                      "whole-tensor (draws); the encoder captured on CUDA (encoder_graph); the public decode "
+                      "(window); many windows side by side (batches)",
           ("medusa_whisper.decoding", "medusa_whisper.decoding.rules", "medusa_whisper.decoding.acceptance",
            "medusa_whisper.decoding.draws", "medusa_whisper.decoding.candidates", "medusa_whisper.decoding.loop",
-           "medusa_whisper.decoding.window", "medusa_whisper.decoding.batches")),
+           "medusa_whisper.decoding.encoder_graph", "medusa_whisper.decoding.window",
+           "medusa_whisper.decoding.batches")),
     Layer("transcription and model", "transcription/: long form over windows, VAD chunks and filter, the transcript "
                                      "formats; the whisper-shaped model, which imports transcribe at top level for "
                                      "its method, as whisper/model.py does, while transcribe takes the model as an "

@@ -230,14 +230,22 @@ def test_a_closing_timestamp_opens_the_next_chunk(tiny_en):
     assert walk.chunk(2) == [" one", "."]
 
 
-def test_the_second_branch_is_what_the_verifier_said_after_the_refusal(tiny_en):
-    walk = CtcWalk(tiny_en, " Ask not what your kuntry can do.")
+@pytest.mark.parametrize("branch", [True, False], ids=["branch_in_pass", "default"])
+def test_the_second_branch_is_what_the_verifier_said_after_the_refusal(tiny_en, branch):
+    """With ``branch_in_pass`` a refusal is followed by the verifier's own branch; by default every
+    pass stays a chain (on a GPU the tree pass costs more than the branch saves)."""
+    walk = CtcWalk(tiny_en, " Ask not what your kuntry can do.", branch_in_pass=branch)
     walk.commit(walk.encode(" Ask"), None)
     # the verifier's token after each row: " not", " what", " your", " country", and after " k" " could"
     greedy = torch.tensor([walk.encode(" not what your country could")])
     walk.history[0, walk.length:walk.length + 4] = torch.tensor(walk.encode(" not what your country"))
     start = walk.length - 1
     walk.ctc.advance(torch.zeros(1, 5, 4), walk.history, torch.tensor([start]), torch.tensor([4]), greedy, Chunk(4))
+    walk.ctc.observe(Chunk(4), 2)
+    assert walk.ctc.next_shape(100).branch == branch
+    if not branch:
+        assert not walk.ctc.guessed.any()
+        return
     # refused at node 3 (" k"): the verifier's tokens after it guess what follows its own " country"
     assert walk.ctc.guessed[0, :4].tolist() == [True, False, False, False]
     assert walk.words(walk.ctc.guesses[0, :1].tolist()) == [" could"]
@@ -264,14 +272,28 @@ def test_a_union_shares_the_nodes_both_parts_propose(tiny_en, tiny_en_eagle):
 
 DEVICE_PROPOSERS = [("tiny.en-medusa", dict(tree_width=3, tree_nodes=6)), ("tiny.en-eagle", dict(draft_tokens=3)),
                     ("tiny.en-eagle", dict(tree_width=2, tree_nodes=6)), ("tiny.en-ctc", {}),
-                    ("tiny.en-ctc+eagle", dict(draft_tokens=2))]
+                    ("tiny.en-ctc", dict(ctc=dict(branch_in_pass=True))), ("tiny.en-ctc+eagle", dict(draft_tokens=2))]
+
+
+def load_with(name, extra, device="cpu", **kwargs):
+    """The model, and the decoding options of ``extra`` less its ``ctc``: settings over the CTC
+    head's own (``DraftSettings``)."""
+    model = medusa_whisper.load_model(name, device=device, **kwargs)
+    extra = dict(extra)
+    ctc = extra.pop("ctc", None)
+    if ctc:
+        head = model.draft_head
+        for part in (head.parts if head.kind == "union" else [head]):
+            if part.kind == "ctc":
+                part.config.decoding = dict(part.config.decoding, **ctc)
+    return model, extra
 
 
 @pytest.mark.parametrize("name,extra", DEVICE_PROPOSERS, ids=[f"{n}{e}" for n, e in DEVICE_PROPOSERS])
 def test_device_proposers_give_greedy_tokens(name, extra, monkeypatch):
     """Lossless: the tokens of plain greedy decoding, with and without timestamps. The Medusa and
     EAGLE heads propose what they propose on the host, so their passes are the host loop's too."""
-    model = medusa_whisper.load_model(name, device="cpu")
+    model, extra = load_with(name, extra)
     for clip in (REAL, CLIPS[0]):
         for timestamps in (False, True):
             mel = mel_of(clip)
@@ -288,6 +310,9 @@ def test_device_proposers_give_greedy_tokens(name, extra, monkeypatch):
                 assert fixed.decoder_steps == host.decoder_steps, (clip.name, timestamps)
     decoder = next(d for d in model.fixed_decoders.values() if d.proposer is not None)
     assert decoder.proposer is not None and not decoder.trees  # no tree came from the host
+    if "ctc" in extra or name.endswith("-ctc"):  # tree passes where, and only where, the second branch goes
+        trees = [key for key in decoder.passes if key[1] == "tree"]
+        assert bool(trees) == decoder.proposer.branches
 
 
 def test_random_heads_in_a_tree_are_mostly_refused_and_lossless(monkeypatch):
@@ -339,7 +364,8 @@ def test_several_passes_per_read_give_the_same_tokens(name, extra, monkeypatch):
 
 
 PASSES_ON_CUDA = [("-medusa", dict(tree_width=3)), ("-eagle", dict(draft_tokens=2)),
-                  ("-eagle", dict(tree_width=3, tree_nodes=8)), ("-ctc", {}), ("-ctc+eagle", dict(draft_tokens=2))]
+                  ("-eagle", dict(tree_width=3, tree_nodes=8)), ("-ctc", {}),
+                  ("-ctc", dict(ctc=dict(branch_in_pass=True))), ("-ctc+eagle", dict(draft_tokens=2))]
 PASSES = [("tiny.en-medusa", dict(tree_width=3)), ("tiny.en-eagle", dict(draft_tokens=2)),
           ("tiny.en-eagle", dict(tree_width=2, tree_nodes=5, draft_tokens=3)), ("tiny.en-ctc", {}),
           ("tiny.en-ctc+eagle", dict(draft_tokens=2))]
@@ -390,7 +416,7 @@ def test_captured_device_proposers_equal_the_uncaptured_loop(suffix, extra):
     window's set-up (the prefill's read, a CTC draft's read)."""
     from medusa_whisper.drafting.factory import device_spec
 
-    model = medusa_whisper.load_model(CUDA_MODEL + suffix, device="cuda", compute_type="float16")
+    model, extra = load_with(CUDA_MODEL + suffix, extra, device="cuda", compute_type="float16")
     opts = medusa_whisper.MedusaDecodingOptions(language="en", fp16=True, **extra)
     task = DecodingTask(model, opts)
     with torch.no_grad():

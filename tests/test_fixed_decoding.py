@@ -130,9 +130,10 @@ def test_rejected_candidates_and_the_sample_limit(monkeypatch):
 
 
 def test_prompts_of_different_lengths_reuse_the_decoder(tiny_en_medusa, monkeypatch):
-    """A prompt moves where sampling begins; the rules' tensors are reloaded, not rebuilt."""
+    """A prompt moves where sampling begins; the rules' tensors are reloaded, not rebuilt, and the
+    prompt's program is one per size (``loop.prompt_rows``)."""
     mel = mel_of(REAL)
-    made = []
+    made, prompt_sizes, expected_sizes = [], set(), set()
     for prompt in ("Kennedy's inaugural address.", "A speech about the country and what its people can do " * 3,
                    None):
         opts = options(prompt=prompt)
@@ -141,7 +142,43 @@ def test_prompts_of_different_lengths_reuse_the_decoder(tiny_en_medusa, monkeypa
         assert fixed.tokens == eager.tokens, prompt
         decoders = [d for d in tiny_en_medusa.fixed_decoders.values() if d is not None]
         made.append((len(decoders), sum(len(d.rules) for d in decoders), sum(len(d.passes) for d in decoders)))
+        prompt_sizes |= {key[1] for d in decoders for key in d.prompt_programs}
+        expected_sizes.add(loop.prompt_rows(len(DecodingTask(tiny_en_medusa, opts).initial_tokens), 448))
     assert made[0] == made[1] == made[2]  # the same decoder, rule tensors and passes for every prompt
+    assert prompt_sizes == expected_sizes and len(expected_sizes) == 3
+
+
+@torch.no_grad()
+def test_a_padded_prompt_pass_is_the_prompt_pass(tiny_en_medusa, monkeypatch):
+    """The fixed step runs a prompt of n tokens in ``prompt_rows(n)`` rows: the first token, its
+    log-probability, the argmax before the rules, the no-speech probability, the prompt's states,
+    the history, the length and the keys and values of the prompt's slots are those of a pass over
+    its n rows alone."""
+    model = tiny_en_medusa
+    features = model.embed_audio(mel_of(REAL)[None])
+    task = DecodingTask(model, options(prompt="Kennedy's inaugural address."))
+    initial = list(task.initial_tokens)
+    n = len(initial)
+    assert loop.prompt_rows(n, 448) > n  # padded
+    got = []
+    for padded in (True, False):
+        if not padded:
+            monkeypatch.setattr(loop, "prompt_rows", lambda n, n_ctx: n)
+        decoder = WindowDecoder(model, torch.float32, torch.device("cpu"))
+        decoder.step.set_audio(features)
+        rules = decoder._rules(task.logit_filters, decoder.step.vocabulary.shape[0])
+        first, speech, states = decoder._prefill(initial, rules, task.sot_index, task.tokenizer.no_speech, False,
+                                                 keep=True)
+        assert {key[1] for key in decoder.prompt_programs} == {loop.prompt_rows(n, 448)}
+        got.append((first, speech, states, decoder.history.clone(), int(decoder.length),
+                    decoder.step.keys[:, :, :, :n].clone(), decoder.step.values[:, :, :, :n].clone()))
+    (first, speech, states, history, length, keys, values), alone = got
+    assert first[1] == alone[0][1] and first[3] == alone[0][3]  # the token, the argmax before the rules
+    assert first[2] == pytest.approx(alone[0][2], abs=1e-5) and speech == pytest.approx(alone[1], abs=1e-6)
+    torch.testing.assert_close(states, alone[2], atol=1e-5, rtol=1e-5)
+    assert torch.equal(history, alone[3]) and length == alone[4] == n + 1
+    torch.testing.assert_close(keys, alone[5], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(values, alone[6], atol=1e-5, rtol=1e-5)
 
 
 def test_one_host_read_per_pass(tiny_en_medusa, real_features):

@@ -14,6 +14,7 @@ Two facts make the frames equal to whisper's:
 
 from __future__ import annotations
 
+from typing import Optional
 
 import numpy as np
 import torch
@@ -38,6 +39,9 @@ class LogMelFrames:
         self.n_frames = self.padded_length // HOP_LENGTH
         self._window = torch.hann_window(N_FFT)
         self._filters = mel_filters("cpu", n_mels)
+        # a recording of one scan chunk keeps the scan's frames, so that no frame is computed twice
+        # (they are the frames ``frames`` would compute: see there); longer ones keep memory flat
+        self._whole: Optional[torch.Tensor] = None
         self._ceiling = self._global_max() - 8.0
 
     @property
@@ -50,13 +54,19 @@ class LogMelFrames:
         start, stop = max(start, 0), min(stop, self.n_frames)
         if stop <= start:
             return torch.zeros(self.n_mels, 0)
-        # a product with only a few columns takes another BLAS path whose sums round differently;
-        # computing at least MIN_FRAMES columns keeps every frame bitwise equal to whisper's
-        log_spec = self._log10_mel(start, max(stop, start + MIN_FRAMES))[:, : stop - start]
+        if self._whole is not None:  # computed with every column at once, as whisper does
+            log_spec = self._whole[:, start:stop]
+        else:
+            # a product with only a few columns takes another BLAS path whose sums round differently;
+            # computing at least MIN_FRAMES columns keeps every frame bitwise equal to whisper's
+            log_spec = self._log10_mel(start, max(stop, start + MIN_FRAMES))[:, : stop - start]
         log_spec = torch.maximum(log_spec, torch.tensor(self._ceiling))
         return (log_spec + 4.0) / 4.0
 
     def _global_max(self) -> float:
+        if self.n_frames <= SCAN_FRAMES:
+            self._whole = self._log10_mel(0, self.n_frames)
+            return float(self._whole.max())
         best = -float("inf")
         for start in range(0, self.n_frames, SCAN_FRAMES):
             best = max(best, float(self._log10_mel(start, min(start + SCAN_FRAMES, self.n_frames)).max()))

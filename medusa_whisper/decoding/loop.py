@@ -183,10 +183,18 @@ class WindowDecoder:
         self.node_index = torch.arange(MAX_NODES + 1, device=self.device)
         self.rules: Dict[tuple, DeviceRules] = {}
         self.passes: Dict[tuple, Tuple[Callable[[], None], Tensor]] = {}
+        self.prompt_programs: Dict[tuple, Tuple[Callable[[], None], Tensor]] = {}  # per size (prompt_rows)
         self.graphs: List["torch.cuda.CUDAGraph"] = []
         self.trees: Dict[int, Tensor] = {}  # nodes -> a host proposer's packed tree (TreeLayout), on the device
         self.kept: Dict[int, Tensor] = {}  # nodes -> the states at the pending token and the accepted path
         self.staging: Dict[int, Tensor] = {}  # nodes -> the packed tree on the host (pinned on CUDA)
+        # the window's prompt: its length, the start-of-transcript's index, its tokens (copied from
+        # the staging tensor, pinned on CUDA, before the prompt's program runs)
+        self.prompt = torch.zeros(2 + n_ctx, dtype=torch.long, device=self.device)
+        self.prompt_staging = torch.zeros_like(self.prompt, device="cpu")
+        if self.device.type == "cuda":
+            self.prompt_staging = self.prompt_staging.pin_memory()
+        self.prompt_states = torch.zeros(1, n_ctx, self.step.n_state, dtype=residual, device=self.device)
         self.host_reads = 0  # copies from the device the loop waited for (tests count them)
         # passes run before the host reads what they gave: on CUDA the host's wait and copy then
         # come once per group; on the CPU the passes run as they are called anyway
@@ -384,7 +392,8 @@ class WindowDecoder:
         drafting = proposer is None and self.proposer is not None
         if drafting:
             self.proposer.begin(audio_features, task.tokenizer)
-        first, no_speech_prob, prompt_states = self._prefill(initial, rules, task.sot_index, no_speech, drafting)
+        first, no_speech_prob, prompt_states = self._prefill(initial, rules, task.sot_index, no_speech, drafting,
+                                                             keep=proposer is not None)
         tokens = list(initial) + [int(first[1])]
         sum_logprob, steps = first[2], 1
         if proposer is not None and tokens[-1] != eot and len(tokens) < limit:
@@ -561,34 +570,79 @@ class WindowDecoder:
                               predictions=[int(p) for p in values[2 + 2 * rows:2 + 2 * rows + 1 + len(tree)]])
         return greedy[:1 + accepted], values[2 + rows:3 + rows + accepted], committed
 
-    def _prefill(self, initial: List[int], rules: DeviceRules, sot_index: int,
-                 no_speech: Optional[int], drafting: bool) -> Tuple[List[float], float, Tensor]:
-        """The pass over the initial tokens (eager: their number changes with the prompt): the first
-        sampled token, its log-probability, the argmax before the rules, the no-speech probability,
-        and the prompt's states; with ``drafting``, the in-pass proposer's first proposal."""
+    def _prefill(self, initial: List[int], rules: DeviceRules, sot_index: int, no_speech: Optional[int],
+                 drafting: bool, keep: bool = False) -> Tuple[List[float], float, Optional[Tensor]]:
+        """The pass over the initial tokens, on the fixed-shape step a program of
+        ``prompt_rows(len(initial))`` rows (the prompt's length changes from window to window: one
+        program per size, captured on CUDA): the first sampled token, its log-probability, the
+        argmax before the rules, the no-speech probability, and with ``keep`` the prompt's states
+        (for a host proposer); with ``drafting``, the in-pass proposer's first proposal."""
         n = len(initial)
+        staged = self.prompt_staging
+        staged[:2 + n].copy_(torch.tensor([n, sot_index] + list(initial), dtype=torch.long))
+        self.prompt.copy_(staged, non_blocking=True)  # pinned on CUDA: in stream order, no wait
+        # the fixed-shape step pads it to one of a few sizes; the CPU's products take it as it is,
+        # as every other way of opening a window computes it (together.py)
+        rows = prompt_rows(n, self.step.n_ctx) if isinstance(self.step, FixedStep) else n
+        run, out = self._prompt_program(rows, rules, drafting, no_speech, keep)
+        run()
+        greedy, prediction, logprob, speech = self._read(out)
+        states = self.prompt_states[:, :n].clone() if keep else None
+        return [0.0, greedy, logprob, prediction], speech if no_speech is not None else float("nan"), states
+
+    def _prompt_pass(self, rows: int, rules: DeviceRules, out: Tensor, drafting: bool, no_speech: Optional[int],
+                     keep: bool) -> None:
+        """The window's prompt (``self.prompt``: its length, the start-of-transcript's index, its
+        tokens) in ``rows`` rows: the rows past it are padding at the positions after it, whose keys
+        and values every later pass writes again before any row reads them (as a refused
+        candidate's). Writes the history and length afresh; ``out``: the greedy token, the argmax
+        before the rules, the greedy token's log-probability, the no-speech probability."""
+        n, sot = self.prompt[:1], self.prompt[1:2]  # (1,) each
+        positions = self.step.slots[:rows][None]  # (1, rows)
+        tokens = torch.where(positions < n, self.prompt[2:2 + rows][None], 0)
         self.history.zero_()
-        self.history[0, :n] = torch.tensor(initial, device=self.device)
-        positions = torch.arange(n, device=self.device)[None]
+        self.history[:, :rows].copy_(tokens)
         with rows_together():  # a window's prompt, computed alone in every way of decoding it
-            hidden = self.step(self.history[:, :n], positions)
+            hidden = self.step(tokens, positions)
+        if keep:
+            self.prompt_states[:, :rows].copy_(hidden)
         # each row alone, as the eager loop projects them (a compute type's projection may round
         # two rows otherwise than one)
-        first = self.step.logits(hidden[:, sot_index:sot_index + 1])
-        last = self.step.logits(hidden[:, n - 1:n])
-        speech = first[:, 0].softmax(dim=-1)[:, no_speech] if no_speech is not None else first.new_zeros(1)
+        last = self.step.logits(hidden.index_select(1, n - 1))  # (1, 1, n_vocab)
         prediction = last[:, 0].argmax(dim=-1)
-        last = rules.apply(last, self.history, positions[:, -1:] + 1)
+        last = rules.apply(last, self.history, n[:, None])
         greedy = last.argmax(dim=-1)  # (1, 1)
         logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
-        self.history[:, n] = greedy[:, 0]
-        self.length.fill_(n + 1)
+        self.history.scatter_(1, n[:, None], greedy)
+        self.length.copy_(n + 1)
         if drafting:
-            start = torch.zeros(1, dtype=torch.long, device=self.device)
-            self.proposer.advance(hidden, self.history, start, start + n, greedy, None)
-        values = self._read(torch.cat([torch.zeros(1, device=self.device, dtype=torch.float64), greedy[0].double(),
-                                       logprob[0].double(), prediction.double(), speech.double()]))
-        return values[:4], values[4] if no_speech is not None else float("nan"), hidden
+            self.proposer.advance(hidden, self.history, torch.zeros_like(n), n, greedy, None)
+        out[:2].copy_(torch.cat([greedy[0], prediction]))  # cast by the copies
+        if no_speech is None:
+            out[2:3].copy_(logprob[0])
+        else:
+            first = self.step.logits(hidden.index_select(1, sot))
+            out[2:].copy_(torch.cat([logprob[0], first[:, 0].softmax(dim=-1)[:, no_speech]]))
+
+    def _prompt_program(self, rows: int, rules: DeviceRules, drafting: bool, no_speech: Optional[int],
+                        keep: bool) -> Tuple[Callable[[], None], Tensor]:
+        """The prompt pass over ``rows`` rows as a callable (a graph's replay on CUDA; never
+        compiled: it runs once a window) and its output buffer."""
+        key = (rules.key, rows, drafting, no_speech, keep)
+        if key not in self.prompt_programs:
+            out = torch.zeros(4, dtype=torch.float64, device=self.device)
+            run = lambda: self._prompt_pass(rows, rules, out, drafting, no_speech, keep)  # noqa: E731
+            if self.capture:
+                state = [self.history, self.length] + (self.proposer.state() if self.proposer is not None else [])
+                run = program(run, self.device, state, self.graphs, compile=False)
+            self.prompt_programs[key] = (run, out)
+        return self.prompt_programs[key]
+
+
+def prompt_rows(n: int, n_ctx: int) -> int:
+    """The rows of the program a prompt of ``n`` tokens runs in: the next power of two from 4, at
+    most ``n_ctx`` (whisper's prompts: 3 or 4 tokens, up to about 230 with the previous text)."""
+    return min(max(4, 1 << (n - 1).bit_length()), n_ctx)
 
 
 def _count(stats: ProposerStats, proposed: int, accepted: int) -> None:

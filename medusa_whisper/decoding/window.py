@@ -27,6 +27,7 @@ from whisper.utils import compression_ratio
 from . import loop
 from .acceptance import ExponentialDecayLengthPenalty
 from .candidates import decode_candidates
+from .encoder_graph import audio_features as audio_features_of
 from ..drafting.base import ProposerStats
 from ..drafting.factory import make_proposer
 from .loop import Generation
@@ -66,7 +67,7 @@ def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions, dra
     task = DecodingTask(model, options)
 
     began = time.perf_counter()
-    audio_features = task._get_audio_features(mel)  # (1, n_audio_ctx, n_audio_state)
+    audio_features = audio_features_of(task, mel)  # (1, n_audio_ctx, n_audio_state)
     _sync(audio_features.device)
     encode_seconds = time.perf_counter() - began
 

@@ -64,6 +64,10 @@ class DraftSettings:
     # after a rejection, also propose what the verifier itself predicted after the rejected tokens
     # (its own spelling, from the last pass's rows), as a second branch beside the draft
     jacobi: bool = True
+    # the same second branch when the head drafts inside the captured pass (drafting/device/ctc.py):
+    # there it turns a chain pass into a tree pass of about twice the kernels, which cost more than
+    # the branch's tokens saved (H100, base-ctc on 35 recordings: 2.23 s with it, 1.80 s without)
+    branch_in_pass: bool = False
 
     def for_model(self, model, audio_features: Optional[Tensor] = None) -> "DraftSettings":
         """These settings with the pass costs of ``model`` at its compute type on this machine, unless

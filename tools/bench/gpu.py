@@ -418,6 +418,33 @@ def pass_by_rows(model_name: str, device: str) -> Dict[str, float]:
     return out
 
 
+# what the parts are measured for: label, the model name's suffix, decoding options
+PARTS = (("--mode off, fixed step", "", dict(mode="off")), ("base-medusa", "-medusa", {}), ("base-ctc", "-ctc", {}))
+
+
+def window_parts(model_name: str, device: str, clips: List[Clip], fixed: str) -> Dict[str, dict]:
+    """Where each clip's time goes besides the passes (gpu_parts.py), for plain decoding and the two
+    proposers that pay: every part timed over all the clips, after a warm-up clip."""
+    from tools.bench import gpu_parts
+
+    out = {}
+    for label, suffix, options in PARTS:
+        try:
+            model = medusa_whisper.load_model(model_name + suffix, device=device,
+                                              compute_type="float16" if device == "cuda" else "float32")
+
+            def run(c: Clip, model=model, options=options) -> dict:
+                torch.manual_seed(SEED)
+                with step(fixed):
+                    return medusa_whisper.transcribe(model, c.audio, language="en", verbose=None, **options)
+            run(clips[0])
+            out[label] = gpu_parts.measure_parts(run, clips, lambda: sync(device))
+        except Exception as e:  # one row's failure must not cost the others
+            out[label] = dict(error=f"{type(e).__name__}: {e}".splitlines()[0][:200])
+        print(label, out[label], flush=True)
+    return out
+
+
 def capture_seconds(model_name: str, device: str, clip: Clip) -> Dict[str, float]:
     """The fixed-shape decoder's first window (its graphs captured) against its second."""
     import whisper
@@ -594,7 +621,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--limit", type=int, default=None, help="only the N shortest clips (a rehearsal)")
     parser.add_argument("--skip", default="", help="comma-separated row groups to leave out: inductor "
-                        "(our pass compiled), proposers, batch, beam, transformers, compile (transformers' static "
+                        "(our pass compiled), inductor-medusa and inductor-ctc (those proposers compiled), proposers, "
+                        "parts, batch, beam, transformers, compile (transformers' static "
                         "cache compiled), long, profile")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -631,9 +659,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                                               if options else "")
         jobs.append(("proposers", lambda label=label, suffix=suffix, options=options: [
             ours_row(label, name + suffix, device, clips, fixed, **options)]))
-    # the CTC head without its second branch: each pass a chain, no tree (fewer kernels a pass, docs/gpu.md)
-    jobs.append(("proposers", lambda: [ours_row(f"{name}-ctc lossless, no second branch", name + "-ctc", device,
-                                                clips, fixed, ctc_settings=dict(jacobi=False))]))
+    # the CTC head with its second branch after a refusal: a tree pass then (more kernels a pass, docs/gpu.md)
+    jobs.append(("proposers", lambda: [ours_row(f"{name}-ctc lossless, second branch in the pass", name + "-ctc",
+                                                device, clips, fixed, ctc_settings=dict(branch_in_pass=True))]))
     jobs.append(("batch", lambda: [ours_row("ours --mode off, --batch-size 32", name, device, clips, fixed,
                                             batch_size=32, mode="off")]))
     # beam search (and the fallback's best_of candidates): whisper's DecodingTask on our passes,
@@ -643,13 +671,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                "compiled", mode="off")]))
     # the proposers that pay, compiled (each pass shape compiled once: its time is the row's setup)
     for suffix in ("-medusa", "-ctc"):
-        jobs.append(("inductor", lambda suffix=suffix: [ours_row(f"{name}{suffix} lossless, compiled", name + suffix,
-                                                                 device, clips, "compiled")]))
+        jobs.append(("inductor" + suffix, lambda suffix=suffix: [
+            ours_row(f"{name}{suffix} lossless, compiled", name + suffix, device, clips, "compiled")]))
     jobs.append(("transformers", lambda: transformers_rows(name, device, clips)))
     jobs.append(("compile", lambda: transformers_compiled_rows(name, device, clips)))
     rows: List[Row] = [faster_whisper_row(device)]
     long_rows: List[Row] = []
-    extra = dict(profile={}, capture={}, long_differences={})
+    extra = dict(profile={}, capture={}, long_differences={}, parts={})
 
     started = time.perf_counter()
 
@@ -666,6 +694,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if group == "proposers" and group not in skip:
             rows[-1:-1] = job()
             save()
+    if "parts" not in skip:
+        extra["parts"] = window_parts(name, device, clips, fixed)
+        save()
     if "profile" not in skip:
         extra["profile"] = profile_pass(name, device, max(clips, key=lambda c: c.seconds))
     extra["capture"] = capture_seconds(name, device, clips[0])
@@ -724,7 +755,7 @@ def summarise(rows: List[Row], long_rows: List[Row], clips: List[Clip], info: di
         table.append(entry)
     long_table = [{k: v for k, v in asdict(r).items() if k not in ("token_ids", "windows")} for r in long_rows]
     return dict(info=info, rows=table, long=long_table, profile=extra["profile"], capture=extra["capture"],
-                long_differences=extra["long_differences"], short_clips=len(short))
+                long_differences=extra["long_differences"], parts=extra.get("parts", {}), short_clips=len(short))
 
 
 def markdown(report: dict) -> str:
@@ -776,6 +807,10 @@ def markdown(report: dict) -> str:
             lines.append(f"| {label} | {p['decode_ms_per_pass']:.3f} | {p.get('tokens_per_pass', 1.0):.2f} | "
                          f"{p['kernels_per_pass']:.0f} | {p['kernel_launches_per_pass']:.1f} | "
                          f"{p['graph_launches_per_pass']:.2f} | {p['host_waits_per_pass']:.2f} | {kinds} |")
+    if report.get("parts"):
+        from tools.bench.gpu_parts import parts_markdown
+        for label, measured in report["parts"].items():
+            lines += ["", f"{label}: {measured['error']}" if "error" in measured else parts_markdown(label, measured)]
     c = report["capture"]
     if c:
         lines.append(f"\nFixed-shape decoder: first window {c['first_window_s']:.3f} s, second "

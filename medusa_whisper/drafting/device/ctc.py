@@ -20,9 +20,11 @@ and a pointer into that buffer moves inside each pass:
   boundary nearest to as many bytes past the pointer as the verifier's tokens since it hold; at
   the same distance, staying put or a word boundary before the inside of a word.
 
-After a pass that refused a drafted token, the verifier's own tokens at the rows after it (what it
-would say next, the draft's spelling corrected) are offered beside the next chunk as a second
-branch, as ``CtcProposer``'s "jacobi" setting does; the two are one tree, verified by the tree pass.
+With ``DraftSettings.branch_in_pass`` (off by default), after a pass that refused a drafted token,
+the verifier's own tokens at the rows after it (what it would say next, the draft's spelling
+corrected) are offered beside the next chunk as a second branch, as ``CtcProposer``'s "jacobi"
+setting does; the two are one tree, verified by the tree pass. On the H100 the tree pass's extra
+kernels cost more than the branch's tokens saved (docs/gpu.md), so every pass is a chain by default.
 
 The host picks each pass's chunk length from the acceptance so far and what passes over more rows
 cost (measured on the passes that run), among ``SIZES``, and whether the second branch goes with
@@ -117,6 +119,11 @@ class DeviceCtc(DeviceProposer):
     def cost_rows(self):
         return self.settings.cost_rows
 
+    @property
+    def branches(self) -> bool:
+        """Whether a refusal is followed by the verifier's own second branch (``branch_in_pass``)."""
+        return self.settings.jacobi and self.settings.branch_in_pass
+
     def set_row_costs(self, costs) -> None:
         self.settings = replace(self.settings, row_costs=tuple(costs))
 
@@ -161,7 +168,7 @@ class DeviceCtc(DeviceProposer):
                 value = expected / pass_cost(1 + k, self.settings)
                 if value > best_value or self.settings.fixed_chunk:
                     best, best_value = k, value
-        return Chunk(best, bool(best and self.refused and self.settings.jacobi))
+        return Chunk(best, bool(best and self.refused and self.branches))
 
     def is_tree(self, shape: Chunk) -> bool:
         return shape.branch
@@ -256,7 +263,7 @@ class DeviceCtc(DeviceProposer):
     def _guess(self, shape: Optional[Chunk], new: Tensor, accepted: Tensor, matched: Tensor, greedy: Tensor) -> None:
         """The next second branch: the verifier's tokens at the nodes after the last accepted one, on
         the branch the accepted path followed further (the chunk's, or the last second branch's)."""
-        if shape is None or not shape.length or not self.settings.jacobi:
+        if shape is None or not shape.length or not self.branches:
             self.guessed.zero_()
             return
         k, b = shape.length, shape.branch_nodes
