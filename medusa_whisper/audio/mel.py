@@ -39,9 +39,9 @@ class LogMelFrames:
         self.n_frames = self.padded_length // HOP_LENGTH
         self._window = torch.hann_window(N_FFT)
         self._filters = mel_filters("cpu", n_mels)
-        # a recording of one scan chunk keeps the scan's frames, so that no frame is computed twice
-        # (they are the frames ``frames`` would compute: see there); longer ones keep memory flat
-        self._whole: Optional[torch.Tensor] = None
+        # the scan's first chunk of frames is kept (all of them for a recording of one chunk), so
+        # that the windows inside it are not computed twice; memory stays at most one chunk
+        self._first: Optional[torch.Tensor] = None
         self._ceiling = self._global_max() - 8.0
 
     @property
@@ -54,8 +54,8 @@ class LogMelFrames:
         start, stop = max(start, 0), min(stop, self.n_frames)
         if stop <= start:
             return torch.zeros(self.n_mels, 0)
-        if self._whole is not None:  # computed with every column at once, as whisper does
-            log_spec = self._whole[:, start:stop]
+        if stop <= self._first.shape[1]:  # computed with many columns at once, as whisper does
+            log_spec = self._first[:, start:stop]
         else:
             # a product with only a few columns takes another BLAS path whose sums round differently;
             # computing at least MIN_FRAMES columns keeps every frame bitwise equal to whisper's
@@ -64,12 +64,12 @@ class LogMelFrames:
         return (log_spec + 4.0) / 4.0
 
     def _global_max(self) -> float:
-        if self.n_frames <= SCAN_FRAMES:
-            self._whole = self._log10_mel(0, self.n_frames)
-            return float(self._whole.max())
         best = -float("inf")
         for start in range(0, self.n_frames, SCAN_FRAMES):
-            best = max(best, float(self._log10_mel(start, min(start + SCAN_FRAMES, self.n_frames)).max()))
+            chunk = self._log10_mel(start, min(start + SCAN_FRAMES, self.n_frames))
+            if start == 0:
+                self._first = chunk
+            best = max(best, float(chunk.max()))
         return best
 
     def _log10_mel(self, start: int, stop: int) -> torch.Tensor:
