@@ -43,6 +43,7 @@ from whisper.tokenizer import get_tokenizer
 
 from . import loop
 from .candidates import on_fixed_step
+from .encoder_graph import audio_features as audio_features_of
 from ..step.compute import compute_type_of
 from ..step.cpu import CpuBatchStep
 from .window import MedusaDecodingResult, decode, window_filters, window_result
@@ -118,7 +119,7 @@ def open_stream(model: Whisper, key, mel: Tensor, options: MedusaDecodingOptions
     task = DecodingTask(model, options)
     began = time.perf_counter()
     mel = mel.unsqueeze(0) if mel.ndim == 2 else mel
-    audio_features = task._get_audio_features(mel)
+    audio_features = audio_features_of(task, mel)  # captured on CUDA (encoder_graph.py)
     encode_seconds = time.perf_counter() - began
     initial = torch.tensor([task.initial_tokens])
     languages, language_probs = task._detect_language(audio_features, initial)

@@ -26,7 +26,7 @@ export MEDUSA_WHISPER_CACHE="$GPU_DIR/cache" MEDUSA_WHISPER_CUDA_TEST_MODEL="$MO
 # the tests may not eat the measurements' time: at most TEST_SECONDS
 timeout "${TEST_SECONDS:-150}" "$PYTHON" -m pytest -q -p no:cacheprovider --durations=8 tests/test_fixed_decoding.py tests/test_fixed_batched.py tests/test_fixed_candidates.py \
   tests/test_device_proposers.py tests/test_encoder_graph.py -k "captured or synchronisation or on_cuda" 2>&1 \
-  | tail -40 | tee "$OUT/tests.log"
+  | tee "$OUT/tests.log" | tail -40
 # a before and after on this machine (tools/gpu/ab.py): AB_BEFORE names a folder holding the earlier
 # version's medusa_whisper; each version runs twice, alternately, one process each
 if [ -n "${AB_BEFORE:-}" ]; then
