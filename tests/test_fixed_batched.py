@@ -16,6 +16,7 @@ from medusa_whisper.audio.files import load_audio
 from medusa_whisper.decoding.window import decode
 from medusa_whisper.decoding.batches import BatchDecoder, batch_decoder
 from medusa_whisper.options import MedusaDecodingOptions
+from medusa_whisper.step.fixed import FixedStep
 
 CLIPS = ["tests/data/real/jfk.flac", "tests/data/espeak_weather.flac", "tests/data/flite_recipe.flac",
          "tests/data/espeak_meeting.flac", "tests/data/flite_train.flac"]
@@ -62,6 +63,40 @@ def test_windows_side_by_side_equal_each_alone(tiny_en, mels, monkeypatch):
     assert decoder.host_reads == decoder.passes + sum(1 for _, _, o in windows if not o.without_timestamps)
     longest = max(r.decoder_steps for k, r in together.items() if not windows[k][2].without_timestamps)
     assert decoder.passes < sum(r.decoder_steps for r in together.values()) and decoder.passes >= longest - 1
+
+
+@torch.no_grad()
+def test_a_prompt_at_a_device_item_is_the_windows_prompt_alone(tiny_en, mels):
+    """``FixedStep.prompt_at`` (one program for every item) gives the states of the window's prompt
+    decoded alone, and writes the same keys and values into that item and no other."""
+    features = tiny_en.embed_audio(torch.stack(mels[:3]))
+    tokens = torch.tensor([[50257, 50362, 440, 2068, 7586]])
+    positions = torch.arange(5)[None]
+    batch = FixedStep(tiny_en, 3)
+    batch.set_audio(features)
+    for item in range(3):
+        alone = FixedStep(tiny_en, 1)
+        alone.set_audio(features[item:item + 1])
+        states = alone(tokens, positions)
+        before_keys, before_values = batch.keys.clone(), batch.values.clone()
+        torch.testing.assert_close(batch.prompt_at(tokens, positions, torch.tensor([item])), states,
+                                   atol=1e-5, rtol=1e-5)
+        others = torch.arange(3) != item
+        assert torch.equal(batch.keys[:, others], before_keys[:, others])
+        assert torch.equal(batch.values[:, others], before_values[:, others])
+        torch.testing.assert_close(batch.keys[:, item], alone.keys[:, 0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(batch.values[:, item], alone.values[:, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_a_window_prompt_is_one_program_per_size(tiny_en, mels):
+    """The batch's prompt passes on the fixed step: one program per size of prompt, for every item."""
+    plain = dict(mode="off", fp16=False, language="en")
+    windows = [(i, mels[i % len(mels)], MedusaDecodingOptions(**plain, sample_len=2)) for i in range(5)]
+    decoder = BatchDecoder(tiny_en, batch_size=3, products="fixed")
+    done = run(decoder, windows)
+    assert len(done) == 5  # five windows opened in three items
+    n = len(whisper.decoding.DecodingTask(tiny_en, windows[0][2]).initial_tokens)
+    assert [rows for rows, _ in decoder.prompt_programs] == [loop.prompt_rows(n, 448)]
 
 
 def test_a_batch_pass_never_reads_the_device_on_the_host(tiny_en, mels):

@@ -111,6 +111,9 @@ def test_items_of_a_batch_keep_settings_of_their_own():
         alone = DeviceRules(mine[i], "cpu").apply(logits[i:i + 1].clone(), history[i:i + 1], lengths[i:i + 1])
         assert torch.equal(together[i], alone[0])
         assert torch.equal(batch.apply(logits[i:i + 1].clone(), history[i:i + 1], lengths[i:i + 1], item=i), alone)
+        # the item as a device value, as a captured prompt pass names it
+        assert torch.equal(batch.apply(logits[i:i + 1].clone(), history[i:i + 1], lengths[i:i + 1],
+                                       item=torch.tensor([i])), alone)
 
 
 @pytest.mark.parametrize("multilingual", [False, True])

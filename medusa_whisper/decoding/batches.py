@@ -53,6 +53,7 @@ from .rules import DeviceRules, RuleSettings
 from ..options import MedusaDecodingOptions, as_medusa_options
 from ..step.routes import table as routes_table
 from ..step.fixed import FixedStep
+from ..step.together import rows_together
 
 
 def batchable(options: MedusaDecodingOptions) -> bool:
@@ -239,6 +240,13 @@ class BatchDecoder:
         self.length = torch.ones(batch_size, dtype=torch.long, device=self.device)
         self.active = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # 1 where an item is in use
         self.out = torch.zeros(batch_size, 2, dtype=torch.float64, device=self.device)
+        # a window's prompt on the fixed step: its length, the start-of-transcript's index, the item,
+        # its tokens (copied from the staging tensor, pinned on CUDA); one program per size
+        self.prompt = torch.zeros(3 + n_ctx, dtype=torch.long, device=self.device)
+        self.prompt_staging = torch.zeros_like(self.prompt, device="cpu")
+        if self.device.type == "cuda":
+            self.prompt_staging = self.prompt_staging.pin_memory()
+        self.prompt_programs: Dict[tuple, Tuple[Callable[[], None], Tensor]] = {}
         self.rules: Optional[DeviceRules] = None
         self.run_pass: Optional[Callable[[], None]] = None
         self.graphs: List["torch.cuda.CUDAGraph"] = []
@@ -318,27 +326,10 @@ class BatchDecoder:
             return None
         self.rules.load(settings, item)
         self.step.set_audio(features, item)
-        tokens = stream.tokens
-        n = len(tokens)
-        history = self.history[item:item + 1]
-        history.zero_()
-        history[0, :n] = torch.tensor(tokens, device=self.device)
-        positions = torch.arange(n, device=self.device)[None]
-        hidden = self.step.prompt(history[:, :n], item)
-        # each row alone, as a window decoded alone projects them
-        first = self.step.logits(hidden[:, task.sot_index:task.sot_index + 1])
-        last = self.step.logits(hidden[:, n - 1:n])
         no_speech = task.tokenizer.no_speech
-        speech = first[:, 0].softmax(dim=-1)[:, no_speech] if no_speech is not None else first.new_zeros(1)
-        last = self.rules.apply(last, history, positions[:, -1:] + 1, item=item)
-        greedy = last.argmax(dim=-1)
-        logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
-        history[:, n] = greedy[:, 0]
-        self.length[item:item + 1].fill_(n + 1)
-        self.active[item:item + 1].fill_(1)
+        prompt = self._fixed_prompt if self.products == "fixed" else self._cpu_prompt
+        first, first_logprob, speech_prob = prompt(item, stream.tokens, task.sot_index, no_speech)
         self.host_reads += 1
-        first, first_logprob, speech_prob = torch.cat([greedy[0].double(), logprob[0].double(),
-                                                       speech.double()]).tolist()
         stream.tokens.append(int(first))
         stream.sum_logprob += first_logprob
         stream.steps += 1
@@ -347,6 +338,75 @@ class BatchDecoder:
         if stream.done:
             self.active[item:item + 1].fill_(0)
         return stream
+
+    def _cpu_prompt(self, item: int, tokens: List[int], sot_index: int,
+                    no_speech: Optional[int]) -> List[float]:
+        """The window's prompt pass on item ``item`` of the CPU's products: its first token, that
+        token's log-probability and the no-speech probability."""
+        n = len(tokens)
+        history = self.history[item:item + 1]
+        history.zero_()
+        history[0, :n] = torch.tensor(tokens, device=self.device)
+        positions = torch.arange(n, device=self.device)[None]
+        hidden = self.step.prompt(history[:, :n], item)
+        # each row alone, as a window decoded alone projects them
+        first = self.step.logits(hidden[:, sot_index:sot_index + 1])
+        last = self.step.logits(hidden[:, n - 1:n])
+        speech = first[:, 0].softmax(dim=-1)[:, no_speech] if no_speech is not None else first.new_zeros(1)
+        last = self.rules.apply(last, history, positions[:, -1:] + 1, item=item)
+        greedy = last.argmax(dim=-1)
+        logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
+        history[:, n] = greedy[:, 0]
+        self.length[item:item + 1].fill_(n + 1)
+        self.active[item:item + 1].fill_(1)
+        return torch.cat([greedy[0].double(), logprob[0].double(), speech.double()]).tolist()
+
+    def _fixed_prompt(self, item: int, tokens: List[int], sot_index: int,
+                      no_speech: Optional[int]) -> List[float]:
+        """``_cpu_prompt`` on the fixed-shape step: one program per size of prompt
+        (``loop.prompt_rows``) for every item, the item a device value (captured on CUDA)."""
+        n = len(tokens)
+        staged = self.prompt_staging
+        staged[:3 + n].copy_(torch.tensor([n, sot_index, item] + list(tokens), dtype=torch.long))
+        self.prompt.copy_(staged, non_blocking=True)  # pinned on CUDA: in stream order, no wait
+        rows = loop.prompt_rows(n, self.step.n_ctx)
+        key = (rows, no_speech)
+        if key not in self.prompt_programs:
+            out = torch.zeros(3, dtype=torch.float64, device=self.device)
+            run = lambda: self._prompt_pass(rows, no_speech, out)  # noqa: E731
+            if self.capture:
+                run = loop.program(run, self.device, (self.history, self.length, self.active), self.graphs,
+                                   compile=False)
+            self.prompt_programs[key] = (run, out)
+        run, out = self.prompt_programs[key]
+        run()
+        return out.tolist()
+
+    def _prompt_pass(self, rows: int, no_speech: Optional[int], out: Tensor) -> None:
+        """The prompt in ``self.prompt`` (its length, the start-of-transcript's index, the item,
+        its tokens) in ``rows`` rows, as ``loop.WindowDecoder._prompt_pass`` runs a window's: the
+        rows past it are padding at the positions after it, which later passes write again before
+        reading. ``out``: the first token, its log-probability, the no-speech probability."""
+        n, sot, item = self.prompt[:1], self.prompt[1:2], self.prompt[2:3]
+        positions = self.step.slots[:rows][None]
+        row = torch.zeros_like(self.history[:1])
+        row[:, :rows].copy_(torch.where(positions < n, self.prompt[3:3 + rows][None], 0))
+        with rows_together():  # a window's prompt, computed alone in every way of decoding it
+            hidden = self.step.prompt_at(row[:, :rows], positions, item)
+        # each row alone, as a window decoded alone projects them
+        last = self.step.logits(hidden.index_select(1, n - 1))
+        last = self.rules.apply(last, row, n[:, None], item=item)
+        greedy = last.argmax(dim=-1)  # (1, 1)
+        logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
+        row.scatter_(1, n[:, None], greedy)
+        self.history.index_copy_(0, item, row)
+        self.length.index_copy_(0, item, n + 1)
+        self.active.index_fill_(0, item, 1)
+        if no_speech is None:
+            out[:2].copy_(torch.cat([greedy[0].double(), logprob[0].double()]))
+        else:
+            first = self.step.logits(hidden.index_select(1, sot))
+            out.copy_(torch.cat([greedy[0].double(), logprob[0].double(), first[:, 0].softmax(dim=-1)[:, no_speech]]))
 
 
 def batch_decoder(model: Whisper, batch_size: int) -> BatchDecoder:

@@ -137,25 +137,34 @@ class DeviceRules:
             if self.blank is not None and (old is None or old.blank != settings.blank):
                 self.blank[i].copy_(torch.tensor(settings.blank))
 
-    def apply(self, logits: Tensor, history: Tensor, lengths: Tensor, item: Union[int, slice, None] = None) -> Tensor:
+    def apply(self, logits: Tensor, history: Tensor, lengths: Tensor,
+              item: Union[int, slice, Tensor, None] = None) -> Tensor:
         """Filter ``logits`` in place, as whisper's filters would for each row on its own; returns them.
 
         logits  : shape = (batch, rows, n_vocab), float
         history : shape = (batch, n), long: the tokens of each sequence (initial ones included)
         lengths : shape = (batch, rows), long: row r's context is history[b, :lengths[b, r]]; at least 1
-        item    : the one batch item these are (a pass over that sequence alone), a slice of the
-                  items (a pass over those), or None for all
+        item    : the one batch item these are (a pass over that sequence alone; an int, or a (1,)
+                  tensor on the device, which a captured pass reads), a slice of the items (a pass
+                  over those), or None for all
         """
-        at = slice(None) if item is None else item if isinstance(item, slice) else slice(item, item + 1)
-        sample_begin = self.sample_begin[at, None]  # (batch, 1)
-        logits.add_(self.always[at, None, :])
+        if isinstance(item, Tensor):
+            def mine(t: Tensor) -> Tensor:
+                return t.index_select(0, item)
+        else:
+            at = slice(None) if item is None else item if isinstance(item, slice) else slice(item, item + 1)
+
+            def mine(t: Tensor) -> Tensor:
+                return t[at]
+        sample_begin = mine(self.sample_begin)[:, None]  # (batch, 1)
+        logits.add_(mine(self.always)[:, None, :])
         sampled = lengths - sample_begin  # (batch, rows): tokens sampled before each row
         first = (sampled == 0)[..., None]
         if self.blank is not None:
-            blank = self.blank[at, None, :].expand(*logits.shape[:2], -1)  # (batch, rows, k)
+            blank = mine(self.blank)[:, None, :].expand(*logits.shape[:2], -1)  # (batch, rows, k)
             logits.scatter_(-1, blank, torch.where(first, NEG_INF, logits.gather(-1, blank)))
         if self.timestamps:
-            last_initial = None if self.last_initial is None else self.last_initial[at, None, None]
+            last_initial = None if self.last_initial is None else mine(self.last_initial)[:, None, None]
             self._timestamp_rules(logits, history, lengths, sampled, first, sample_begin, last_initial)
         return logits
 

@@ -205,7 +205,7 @@ class FixedStep:
         return self.slots <= positions[..., None]
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Optional[Tensor] = None,
-                slots: Optional[Tensor] = None, item: Optional[int] = None) -> Tensor:
+                slots: Optional[Tensor] = None) -> Tensor:
         """Post-LayerNorm decoder states of new rows; writes their keys and values at their slots.
 
         tokens, positions : shape = (batch, rows), long; positions below n_ctx
@@ -214,27 +214,37 @@ class FixedStep:
         slots             : shape = (batch, rows), the cache slots the rows' keys and values go to,
                             distinct per item (default: their positions, as in a chain; a tree's
                             nodes share positions and take consecutive slots)
-        item              : run batch item ``item`` alone (tokens etc. of batch 1): a window's prompt
         returns           : shape = (batch, rows, n_state), in the residual dtype
         """
+        return self._blocks(tokens, positions, mask, slots, self.keys, self.values, self.cross_keys,
+                            self.cross_values)
+
+    __call__ = forward
+
+    def _blocks(self, tokens: Tensor, positions: Tensor, mask: Optional[Tensor], slots: Optional[Tensor],
+                keys: Tensor, values: Tensor, cross_keys: Tensor, cross_values: Tensor) -> Tensor:
+        """``forward`` over caches of shape (n_layer, batch, ...), written in place."""
         batch, rows = tokens.shape
         n_state, n_head = self.n_state, self.n_head
         x = self.embedding[tokens] + self.positional[positions]
         allowed = (self.chain_mask(positions) if mask is None else mask)[:, None]  # (batch, 1, rows, n_ctx)
         slots = positions if slots is None else slots
         index = slots[:, None, :, None].expand(batch, n_head, rows, n_state // n_head)
-        at = slice(None) if item is None else slice(item, item + 1)
         for i, layer in enumerate(self.layers):
-            x = layer_forward(layer, x, self.keys[i, at], self.values[i, at], self.cross_keys[i, at],
-                              self.cross_values[i, at], allowed, index, n_head)
+            x = layer_forward(layer, x, keys[i], values[i], cross_keys[i], cross_values[i], allowed, index, n_head)
         return layer_norm(x, self.final_ln)
 
-    __call__ = forward
-
-    def prompt(self, tokens: Tensor, item: int) -> Tensor:
-        """A window's prompt pass in batch item ``item`` alone: tokens, shape = (1, n), at positions
-        0..n-1 -> states, shape = (1, n, n_state)."""
-        return self.forward(tokens, torch.arange(tokens.shape[1], device=tokens.device)[None], item=item)
+    def prompt_at(self, tokens: Tensor, positions: Tensor, item: Tensor) -> Tensor:
+        """A window's prompt pass in the batch item a (1,) device tensor names, alone, as one program
+        for every item (what a captured graph needs): the item's caches are gathered, run as a batch
+        of one, and written back whole. tokens, positions : shape = (1, rows) -> states, shape =
+        (1, rows, n_state)."""
+        keys, values = self.keys.index_select(1, item), self.values.index_select(1, item)
+        hidden = self._blocks(tokens, positions, None, None, keys, values, self.cross_keys.index_select(1, item),
+                              self.cross_values.index_select(1, item))
+        self.keys.index_copy_(1, item, keys)
+        self.values.index_copy_(1, item, values)
+        return hidden
 
     def rows(self, tokens: Tensor, positions: Tensor, first: int, stop: int) -> Tensor:
         """One token for every batch item at its own position (the fixed shape: items [first, stop)
