@@ -4,8 +4,8 @@ after measured back to back).
     cd .before && PYTHONPATH=$OLDPWD python -m tools.gpu.ab --clips CLIPS.csv --label before --out OUT
     python -m tools.gpu.ab --clips CLIPS.csv --label after --out OUT
 
-Each run times our fixed-step rows (``--mode off`` and the proposers that drafted inside the pass
-in every version) over the clips after a warm-up clip, as ``tools.bench gpu`` does, and then where
+Each run times our fixed-step rows (``--mode off``, the proposers that drafted inside the pass in
+every version, and ``--batch-size 32``) over the clips after a warm-up clip, as ``tools.bench gpu`` does, and then where
 each clip's time goes (``gpu_parts``); it adds its label's seconds, passes, tokens and texts to
 OUT/ab.json, so that the runs can be compared text for text. The package imported is whichever
 comes first on ``sys.path``: run from a folder holding a copy of the earlier version's
@@ -26,7 +26,8 @@ import medusa_whisper
 from tools.bench.gpu import ours_row, read_clips, window_parts
 
 ROWS = (("--mode off", "", dict(mode="off")), ("medusa", "-medusa", {}), ("ctc", "-ctc", {}),
-        ("eagle chain of 2", "-eagle", dict(draft_tokens=2)))
+        ("eagle chain of 2", "-eagle", dict(draft_tokens=2)), ("--mode off, --batch-size 32", "", dict(mode="off")))
+BATCH = {"--mode off, --batch-size 32": 32}  # rows decoded side by side (transcribe's list of recordings)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -43,7 +44,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     report = dict(label=args.label, package=str(Path(medusa_whisper.__file__).parent), torch=torch.__version__,
                   rows={}, parts={})
     for label, suffix, options in ROWS:
-        row = ours_row(label, args.model + suffix, args.device, clips, fixed, **options)
+        row = ours_row(label, args.model + suffix, args.device, clips, fixed, batch_size=BATCH.get(label, 0), **options)
         report["rows"][label] = dict(seconds=row.seconds, setup_seconds=row.setup_seconds, passes=row.passes,
                                      tokens=row.tokens, error=row.error, texts=row.texts)
     report["parts"] = window_parts(args.model, args.device, clips, fixed)
