@@ -116,7 +116,7 @@ data/long/real_repeated_3min.flac: | bench-packages
 # 6-minute one, wheels), cut into parts of one device call each: .gpu/call*, and .gpu/PLAN.md says
 # which calls to make (tools/gpu/pack.py, tools/gpu/run.sh, docs/gpu.md).
 gpu-pack: setup data/real/real.csv data/long/real_6min.flac
-	$(BIN)/python -m tools.gpu pack --model $(MODEL) --long data/long/real_6min.flac --out .gpu
+	$(BIN)/python -m tools.gpu pack --model $(MODEL) --long data/long/real_6min.flac --out .gpu $(if $(BEFORE),--before $(BEFORE))
 
 data/long/real_6min.flac: | bench-packages
 	test -f data/real/real.csv || $(BIN)/python -m tools.data real

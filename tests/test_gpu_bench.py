@@ -48,3 +48,36 @@ def test_a_sampled_window_is_reported_without_a_margin(jfk_window):
     ours = Row("ours", windows={clip.name: [(seek, 0.2, tokens[:5] + tokens[6:])]})
     (entry,) = long_differences(ours, Row("whisper", windows={clip.name: theirs}), clip, "tiny.en", "cpu")
     assert entry["ours_temperature"] == 0.2 and "margin" not in entry
+
+
+def test_the_plan_carries_the_earlier_package_when_asked(tmp_path):
+    """``tools.gpu pack --before``: the last call carries .before and runs the before and after."""
+    from tools.gpu.pack import BEFORE, write_plan
+
+    out = tmp_path / ".gpu"
+    out.mkdir()
+    for before in (False, True):
+        write_plan(out, 3, before)
+        last = (out / "PLAN.md").read_text().splitlines()[4]
+        assert last.startswith("3. carry")
+        assert (f'"{BEFORE}"' in last and f"AB_BEFORE={BEFORE} bash tools/gpu/run.sh" in last) == before
+        assert last.endswith("bash tools/gpu/run.sh`")
+
+
+def test_the_earlier_package_is_the_commits(tmp_path, monkeypatch):
+    """``--before COMMIT`` writes that commit's medusa_whisper, file for file, where run.sh reads it."""
+    import subprocess
+
+    from tools.gpu import pack
+
+    monkeypatch.setattr(pack, "ROOT", tmp_path)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "medusa_whisper").mkdir()
+    (tmp_path / "medusa_whisper" / "x.py").write_text("A = 1\n")
+    subprocess.run(["git", "add", "."], cwd=tmp_path, check=True)
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "one"], cwd=tmp_path,
+                   check=True)
+    (tmp_path / "medusa_whisper" / "x.py").write_text("A = 2\n")  # the tree moved on
+    package = pack.earlier_package("HEAD")
+    assert package == tmp_path / pack.BEFORE / "medusa_whisper"
+    assert (package / "x.py").read_text() == "A = 1\n"

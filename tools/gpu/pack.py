@@ -9,7 +9,10 @@ first calls copy their part to /tmp/gpu, the last copies its part and runs ``too
 which joins them, checks the SHA-256, installs the wheels and measures. The weights travel as float16:
 the offline weights are CTranslate2 float16, so every value survives the trip (checked per tensor).
 
-Writes OUT/call1 .. OUT/callN (one part each) and OUT/PLAN.md (the device calls, in order).
+Writes OUT/call1 .. OUT/callN (one part each) and OUT/PLAN.md (the device calls, in order). With
+``--before COMMIT`` it also writes that commit's ``medusa_whisper`` to ``.before/`` (ignored by git),
+and the last call carries it and runs ``tools/gpu/ab.py`` for both versions before the bench
+(``AB_BEFORE``): a before and after on the same machine.
 """
 
 from __future__ import annotations
@@ -80,8 +83,11 @@ def wheels(folder: Path, python: str) -> List[Path]:
     return sorted(folder.glob("*.whl"))
 
 
+BEFORE = ".before"  # where --before puts the earlier version's package (.gitignore has it)
+
+
 def build(model: str, real_csv: Path, long_audio: Optional[Path], out: Path, part_mib: float, python: str,
-          longest: int = 30, librivox: int = 5) -> List[Path]:
+          longest: int = 30, librivox: int = 5, before: bool = False) -> List[Path]:
     out.mkdir(parents=True, exist_ok=True)
     staging = out / "staging"
     shutil.rmtree(staging, ignore_errors=True)
@@ -128,17 +134,32 @@ def build(model: str, real_csv: Path, long_audio: Optional[Path], out: Path, par
     print(f"pack: {model} (float16, {len(data) / 2**20:.0f} MiB), {len(clips)} recordings ({seconds:.0f} s)"
           f"{', a long recording' if long_audio else ''}, wheels for Python {python}: "
           f"{len(payload) / 2**20:.1f} MiB in {len(parts)} parts; sha256 {digest[:12]}")
-    write_plan(out, len(parts))
+    write_plan(out, len(parts), before)
     return parts
 
 
-def write_plan(out: Path, n: int) -> None:
+def earlier_package(commit: str) -> Path:
+    """``commit``'s ``medusa_whisper`` in ROOT/.before (what run.sh's AB_BEFORE runs)."""
+    folder = ROOT / BEFORE
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    archive = subprocess.run(["git", "archive", commit, "medusa_whisper"], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    return folder / "medusa_whisper"
+
+
+def write_plan(out: Path, n: int, before: bool = False) -> None:
     folder = out.name
     lines = ["# The device calls, in order (each within 30 s of the last, so the machine stays warm)", ""]
     for i in range(1, n + 1):
         copy = f"mkdir -p /tmp/gpu && cp {folder}/call{i}/* /tmp/gpu/ && ls -la /tmp/gpu"
         if i < n:
             lines.append(f"{i}. carry [\"{folder}/call{i}\"], command: `{copy}`")
+        elif before:
+            lines.append(f"{i}. carry [\"{folder}/call{i}\", \"{BEFORE}\"], timeout_s 600, command: "
+                         f"`{copy} && AB_BEFORE={BEFORE} bash tools/gpu/run.sh`")
         else:
             lines.append(f"{i}. carry [\"{folder}/call{i}\"], timeout_s 600, command: "
                          f"`{copy} && bash tools/gpu/run.sh`")
@@ -156,11 +177,15 @@ def main(argv=None) -> int:
     parser.add_argument("--part-mib", type=float, default=None,
                         help="the most one call carries besides the working tree (default: what the tree leaves)")
     parser.add_argument("--python", default="3.12", help="the device's Python, for the wheels")
+    parser.add_argument("--before", default=None, metavar="COMMIT",
+                        help="also measure COMMIT's package against the tree's, on the same machine (tools/gpu/ab.py)")
     args = parser.parse_args(argv)
     if not args.real.is_file():
         sys.exit(f"pack: error: {args.real}: no real recordings (python -m tools.data real --out data/real)")
+    if args.before:
+        print(f"pack: {args.before}'s package in {earlier_package(args.before)}")
     part_mib = args.part_mib or CALL_MIB - MARGIN_MIB - tree_bytes() / 2**20
-    build(args.model, args.real, args.long, args.out, part_mib, args.python)
+    build(args.model, args.real, args.long, args.out, part_mib, args.python, before=bool(args.before))
     return 0
 
 
