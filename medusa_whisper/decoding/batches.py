@@ -240,12 +240,9 @@ class BatchDecoder:
         self.length = torch.ones(batch_size, dtype=torch.long, device=self.device)
         self.active = torch.zeros(batch_size, dtype=torch.long, device=self.device)  # 1 where an item is in use
         self.out = torch.zeros(batch_size, 2, dtype=torch.float64, device=self.device)
-        # a window's prompt on the fixed step: its length, the start-of-transcript's index, the item,
-        # its tokens (copied from the staging tensor, pinned on CUDA); one program per size
-        self.prompt = torch.zeros(3 + n_ctx, dtype=torch.long, device=self.device)
-        self.prompt_staging = torch.zeros_like(self.prompt, device="cpu")
-        if self.device.type == "cuda":
-            self.prompt_staging = self.prompt_staging.pin_memory()
+        # a window's prompt on the fixed step: its length, sot's index, the item, its tokens; one
+        # program per size
+        self.prompt = loop.PromptInput(3, n_ctx, self.device)
         self.prompt_programs: Dict[tuple, Tuple[Callable[[], None], Tensor]] = {}
         self.rules: Optional[DeviceRules] = None
         self.run_pass: Optional[Callable[[], None]] = None
@@ -347,28 +344,22 @@ class BatchDecoder:
         history = self.history[item:item + 1]
         history.zero_()
         history[0, :n] = torch.tensor(tokens, device=self.device)
-        positions = torch.arange(n, device=self.device)[None]
         hidden = self.step.prompt(history[:, :n], item)
-        # each row alone, as a window decoded alone projects them
-        first = self.step.logits(hidden[:, sot_index:sot_index + 1])
-        last = self.step.logits(hidden[:, n - 1:n])
-        speech = first[:, 0].softmax(dim=-1)[:, no_speech] if no_speech is not None else first.new_zeros(1)
-        last = self.rules.apply(last, history, positions[:, -1:] + 1, item=item)
-        greedy = last.argmax(dim=-1)
-        logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
+        length, sot = torch.tensor([n], device=self.device), torch.tensor([sot_index], device=self.device)
+        greedy, logprob, _, speech = loop.first_token(self.step, self.rules, hidden, history, length, sot, no_speech,
+                                                      item)
         history[:, n] = greedy[:, 0]
         self.length[item:item + 1].fill_(n + 1)
         self.active[item:item + 1].fill_(1)
-        return torch.cat([greedy[0].double(), logprob[0].double(), speech.double()]).tolist()
+        speech = torch.zeros_like(logprob[0]) if speech is None else speech
+        return torch.cat([greedy[0].double(), logprob[0].double(), speech.double()]).tolist()  # one read
 
     def _fixed_prompt(self, item: int, tokens: List[int], sot_index: int,
                       no_speech: Optional[int]) -> List[float]:
         """``_cpu_prompt`` on the fixed-shape step: one program per size of prompt
         (``loop.prompt_rows``) for every item, the item a device value (captured on CUDA)."""
         n = len(tokens)
-        staged = self.prompt_staging
-        staged[:3 + n].copy_(torch.tensor([n, sot_index, item] + list(tokens), dtype=torch.long))
-        self.prompt.copy_(staged, non_blocking=True)  # pinned on CUDA: in stream order, no wait
+        self.prompt.write([n, sot_index, item], tokens)
         rows = loop.prompt_rows(n, self.step.n_ctx)
         key = (rows, no_speech)
         if key not in self.prompt_programs:
@@ -387,26 +378,21 @@ class BatchDecoder:
         its tokens) in ``rows`` rows, as ``loop.WindowDecoder._prompt_pass`` runs a window's: the
         rows past it are padding at the positions after it, which later passes write again before
         reading. ``out``: the first token, its log-probability, the no-speech probability."""
-        n, sot, item = self.prompt[:1], self.prompt[1:2], self.prompt[2:3]
+        n, sot, item = self.prompt.field(0), self.prompt.field(1), self.prompt.field(2)
         positions = self.step.slots[:rows][None]
         row = torch.zeros_like(self.history[:1])
-        row[:, :rows].copy_(torch.where(positions < n, self.prompt[3:3 + rows][None], 0))
+        row[:, :rows].copy_(self.prompt.tokens(positions, n))
         with rows_together():  # a window's prompt, computed alone in every way of decoding it
             hidden = self.step.prompt_at(row[:, :rows], positions, item)
-        # each row alone, as a window decoded alone projects them
-        last = self.step.logits(hidden.index_select(1, n - 1))
-        last = self.rules.apply(last, row, n[:, None], item=item)
-        greedy = last.argmax(dim=-1)  # (1, 1)
-        logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
+        greedy, logprob, _, speech = loop.first_token(self.step, self.rules, hidden, row, n, sot, no_speech, item)
         row.scatter_(1, n[:, None], greedy)
         self.history.index_copy_(0, item, row)
         self.length.index_copy_(0, item, n + 1)
         self.active.index_fill_(0, item, 1)
-        if no_speech is None:
+        if speech is None:
             out[:2].copy_(torch.cat([greedy[0].double(), logprob[0].double()]))
         else:
-            first = self.step.logits(hidden.index_select(1, sot))
-            out.copy_(torch.cat([greedy[0].double(), logprob[0].double(), first[:, 0].softmax(dim=-1)[:, no_speech]]))
+            out.copy_(torch.cat([greedy[0].double(), logprob[0].double(), speech.double()]))
 
 
 def batch_decoder(model: Whisper, batch_size: int) -> BatchDecoder:

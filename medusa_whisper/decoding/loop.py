@@ -38,7 +38,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -188,12 +188,7 @@ class WindowDecoder:
         self.trees: Dict[int, Tensor] = {}  # nodes -> a host proposer's packed tree (TreeLayout), on the device
         self.kept: Dict[int, Tensor] = {}  # nodes -> the states at the pending token and the accepted path
         self.staging: Dict[int, Tensor] = {}  # nodes -> the packed tree on the host (pinned on CUDA)
-        # the window's prompt: its length, the start-of-transcript's index, its tokens (copied from
-        # the staging tensor, pinned on CUDA, before the prompt's program runs)
-        self.prompt = torch.zeros(2 + n_ctx, dtype=torch.long, device=self.device)
-        self.prompt_staging = torch.zeros_like(self.prompt, device="cpu")
-        if self.device.type == "cuda":
-            self.prompt_staging = self.prompt_staging.pin_memory()
+        self.prompt = PromptInput(2, n_ctx, self.device)  # the window's prompt: its length, sot's index, tokens
         self.prompt_states = torch.zeros(1, n_ctx, self.step.n_state, dtype=residual, device=self.device)
         self.host_reads = 0  # copies from the device the loop waited for (tests count them)
         # passes run before the host reads what they gave: on CUDA the host's wait and copy then
@@ -574,13 +569,12 @@ class WindowDecoder:
                  drafting: bool, keep: bool = False) -> Tuple[List[float], float, Optional[Tensor]]:
         """The pass over the initial tokens, on the fixed-shape step a program of
         ``prompt_rows(len(initial))`` rows (the prompt's length changes from window to window: one
-        program per size, captured on CUDA): the first sampled token, its log-probability, the
-        argmax before the rules, the no-speech probability, and with ``keep`` the prompt's states
-        (for a host proposer); with ``drafting``, the in-pass proposer's first proposal."""
+        program per size, captured on CUDA): [0, the first sampled token, its log-probability, the
+        argmax before the rules], the no-speech probability (NaN without a no-speech token), and
+        with ``keep`` the prompt's states (for a host proposer); with ``drafting``, the in-pass
+        proposer's first proposal."""
         n = len(initial)
-        staged = self.prompt_staging
-        staged[:2 + n].copy_(torch.tensor([n, sot_index] + list(initial), dtype=torch.long))
-        self.prompt.copy_(staged, non_blocking=True)  # pinned on CUDA: in stream order, no wait
+        self.prompt.write([n, sot_index], initial)
         # the fixed-shape step pads it to one of a few sizes; the CPU's products take it as it is,
         # as every other way of opening a window computes it (together.py)
         rows = prompt_rows(n, self.step.n_ctx) if isinstance(self.step, FixedStep) else n
@@ -597,32 +591,25 @@ class WindowDecoder:
         and values every later pass writes again before any row reads them (as a refused
         candidate's). Writes the history and length afresh; ``out``: the greedy token, the argmax
         before the rules, the greedy token's log-probability, the no-speech probability."""
-        n, sot = self.prompt[:1], self.prompt[1:2]  # (1,) each
+        n, sot = self.prompt.field(0), self.prompt.field(1)
         positions = self.step.slots[:rows][None]  # (1, rows)
-        tokens = torch.where(positions < n, self.prompt[2:2 + rows][None], 0)
+        tokens = self.prompt.tokens(positions, n)
         self.history.zero_()
         self.history[:, :rows].copy_(tokens)
         with rows_together():  # a window's prompt, computed alone in every way of decoding it
             hidden = self.step(tokens, positions)
         if keep:
             self.prompt_states[:, :rows].copy_(hidden)
-        # each row alone, as the eager loop projects them (a compute type's projection may round
-        # two rows otherwise than one)
-        last = self.step.logits(hidden.index_select(1, n - 1))  # (1, 1, n_vocab)
-        prediction = last[:, 0].argmax(dim=-1)
-        last = rules.apply(last, self.history, n[:, None])
-        greedy = last.argmax(dim=-1)  # (1, 1)
-        logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
+        greedy, logprob, prediction, speech = first_token(self.step, rules, hidden, self.history, n, sot, no_speech)
         self.history.scatter_(1, n[:, None], greedy)
         self.length.copy_(n + 1)
         if drafting:
             self.proposer.advance(hidden, self.history, torch.zeros_like(n), n, greedy, None)
         out[:2].copy_(torch.cat([greedy[0], prediction]))  # cast by the copies
-        if no_speech is None:
+        if speech is None:
             out[2:3].copy_(logprob[0])
         else:
-            first = self.step.logits(hidden.index_select(1, sot))
-            out[2:].copy_(torch.cat([logprob[0], first[:, 0].softmax(dim=-1)[:, no_speech]]))
+            out[2:].copy_(torch.cat([logprob[0], speech]))
 
     def _prompt_program(self, rows: int, rules: DeviceRules, drafting: bool, no_speech: Optional[int],
                         keep: bool) -> Tuple[Callable[[], None], Tensor]:
@@ -643,6 +630,51 @@ def prompt_rows(n: int, n_ctx: int) -> int:
     """The rows of the program a prompt of ``n`` tokens runs in: the next power of two from 4, at
     most ``n_ctx`` (whisper's prompts: 3 or 4 tokens, up to about 230 with the previous text)."""
     return min(max(4, 1 << (n - 1).bit_length()), n_ctx)
+
+
+class PromptInput:
+    """What a window's prompt program reads: a few integers (its length, where start-of-transcript
+    is, ...) and then its tokens, in a device buffer written from a staging tensor (pinned on CUDA,
+    so the copy takes its place in the stream without a wait)."""
+
+    def __init__(self, header: int, n_ctx: int, device: torch.device):
+        self.header = header
+        self.values = torch.zeros(header + n_ctx, dtype=torch.long, device=device)
+        self.staging = torch.zeros_like(self.values, device="cpu")
+        if device.type == "cuda":
+            self.staging = self.staging.pin_memory()
+
+    def write(self, header: Sequence[int], tokens: Sequence[int]) -> None:
+        values = list(header) + list(tokens)
+        self.staging[:len(values)].copy_(torch.tensor(values, dtype=torch.long))
+        self.values.copy_(self.staging, non_blocking=True)
+
+    def field(self, i: int) -> Tensor:
+        """Header value ``i``, shape = (1,)."""
+        return self.values[i:i + 1]
+
+    def tokens(self, positions: Tensor, n: Tensor) -> Tensor:
+        """The prompt's token at each of ``positions`` (1, rows) below ``n``, 0 after it."""
+        return torch.where(positions < n, self.values[self.header:self.header + positions.shape[1]][None], 0)
+
+
+def first_token(step, rules: DeviceRules, hidden: Tensor, history: Tensor, n: Tensor, sot: Tensor,
+                no_speech: Optional[int], item: Union[int, Tensor, None] = None
+                ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """From a prompt pass's states (1, rows, n_state) whose prompt has ``n`` tokens: the first
+    sampled token (1, 1) after whisper's rules (``item``: the batch item they are), its
+    log-probability (1, 1), the argmax before the rules (1,), and the no-speech probability at
+    row ``sot`` (1,), or None without a no-speech token. Each row projected alone, as the eager
+    loop projects them (a compute type's projection may round two rows otherwise than one)."""
+    last = step.logits(hidden.index_select(1, n - 1))  # (1, 1, n_vocab)
+    prediction = last[:, 0].argmax(dim=-1)
+    last = rules.apply(last, history, n[:, None], item=item)
+    greedy = last.argmax(dim=-1)
+    logprob = F.log_softmax(last, dim=-1).gather(-1, greedy[..., None])[..., 0]
+    speech = None
+    if no_speech is not None:
+        speech = step.logits(hidden.index_select(1, sot))[:, 0].softmax(dim=-1)[:, no_speech]
+    return greedy, logprob, prediction, speech
 
 
 def _count(stats: ProposerStats, proposed: int, accepted: int) -> None:

@@ -74,6 +74,14 @@ class RuleSettings:
 WHISPER_FILTERS = (SuppressTokens, SuppressBlank, ApplyTimestampRules)
 
 
+def _items(item: Union[int, slice, Tensor, None], t: Tensor) -> Tensor:
+    """The rows of a per-item settings tensor ``t`` that ``DeviceRules.apply``'s ``item`` names, as
+    (items, ...): a view for an int or a slice, a gather for a device tensor."""
+    if isinstance(item, Tensor):
+        return t.index_select(0, item)
+    return t if item is None else t[item] if isinstance(item, slice) else t[item:item + 1]
+
+
 def _forbid(condition: Tensor, like: Tensor) -> Tensor:
     """-inf where ``condition`` (a row's rule applies), else 0, in ``like``'s dtype: added to a range
     of logits, it forbids the range on those rows and leaves the others' values as they are."""
@@ -148,23 +156,15 @@ class DeviceRules:
                   tensor on the device, which a captured pass reads), a slice of the items (a pass
                   over those), or None for all
         """
-        if isinstance(item, Tensor):
-            def mine(t: Tensor) -> Tensor:
-                return t.index_select(0, item)
-        else:
-            at = slice(None) if item is None else item if isinstance(item, slice) else slice(item, item + 1)
-
-            def mine(t: Tensor) -> Tensor:
-                return t[at]
-        sample_begin = mine(self.sample_begin)[:, None]  # (batch, 1)
-        logits.add_(mine(self.always)[:, None, :])
+        sample_begin = _items(item, self.sample_begin)[:, None]  # (batch, 1)
+        logits.add_(_items(item, self.always)[:, None, :])
         sampled = lengths - sample_begin  # (batch, rows): tokens sampled before each row
         first = (sampled == 0)[..., None]
         if self.blank is not None:
-            blank = mine(self.blank)[:, None, :].expand(*logits.shape[:2], -1)  # (batch, rows, k)
+            blank = _items(item, self.blank)[:, None, :].expand(*logits.shape[:2], -1)  # (batch, rows, k)
             logits.scatter_(-1, blank, torch.where(first, NEG_INF, logits.gather(-1, blank)))
         if self.timestamps:
-            last_initial = None if self.last_initial is None else mine(self.last_initial)[:, None, None]
+            last_initial = None if self.last_initial is None else _items(item, self.last_initial)[:, None, None]
             self._timestamp_rules(logits, history, lengths, sampled, first, sample_begin, last_initial)
         return logits
 
