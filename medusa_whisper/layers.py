@@ -49,9 +49,9 @@ LAYERS: Tuple[Layer, ...] = (
     Layer("compute types", "step/compute: int8/bfloat16 layers and the load-time surgery that swaps them in (the "
                            "linears, and the decoder's projection for its compute type)",
           ("medusa_whisper.step.compute",)),
-    Layer("step", "step/: the decoder step, fixed-shape (fixed: what CUDA graphs replay) or on the CPU's products "
-                  "behind the same calls (cpu, over decoder: whisper's decoder with explicit positions, slots and "
-                  "masks); drafting/heads: the Medusa head modules",
+    Layer("step", "step/: the one decoder step (fixed.FixedStep) over dense products (what CUDA graphs replay) "
+                  "or the CPU's (cpu.CpuProducts); decoder: whisper's decoder with explicit positions, slots and "
+                  "masks, for the candidates' rows and the draft heads' blocks; drafting/heads: the Medusa head modules",
           ("medusa_whisper.step.decoder", "medusa_whisper.step.fixed", "medusa_whisper.step.cpu",
            "medusa_whisper.drafting.heads")),
     Layer("drafters", "drafting/: draft head modules, the proposers (on the host, and inside the fixed-shape pass: "

@@ -1,4 +1,4 @@
-"""The fixed loop over the CPU's own products (step.cpu.CpuStep, ``MEDUSA_WHISPER_STEP=cpu``).
+"""The fixed loop over the CPU's own products (the one step, FixedStep, over step.cpu.CpuProducts).
 
 The loop CUDA captures, run with the eager step's arithmetic: it must give the eager loop's
 tokens bit for bit at every compute type (float32 and int8 here), plain and with every proposer,
@@ -85,8 +85,61 @@ def test_the_cpus_default_is_the_one_loop_on_its_own_products(monkeypatch):
     monkeypatch.setenv(loop.STEP_ENV, "auto")
     result = decode(model, mel_of(REAL), language="en", fp16=False)
     (decoder,) = model.fixed_decoders.values()
-    assert type(decoder.step).__name__ == "CpuStep" and decoder.acceptance == "host"
+    assert not decoder.step.products.fixed_shapes and decoder.acceptance == "host"
     monkeypatch.setenv(loop.STEP_ENV, "fixed")
     decode(model, mel_of(REAL), language="en", fp16=False)
-    assert {type(d.step).__name__ for d in model.fixed_decoders.values()} == {"CpuStep", "FixedStep"}
+    assert sorted(d.step.products.fixed_shapes for d in model.fixed_decoders.values()) == [False, True]
     assert result.tokens == whisper.decode(model, mel_of(REAL), whisper.DecodingOptions(language="en", fp16=False)).tokens
+
+
+@pytest.mark.parametrize("compute_type", ["int8", "float32", "bfloat16"])
+def test_the_one_step_over_the_cpus_products_is_the_decoders_bit_for_bit(compute_type):
+    """FixedStep over CpuProducts gives the states ``decoder_hidden`` gives (the CPU's decoder with
+    its own cache), bit for bit: a prompt with its rows together, one row, a chain of five, a tree;
+    and at int8 and bfloat16 a batch's rows equal each stream's pass alone."""
+    from medusa_whisper.step.cpu import cpu_step
+    from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache
+    from medusa_whisper.step.together import rows_together
+
+    model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type=compute_type)
+    tokens = torch.randint(0, 50000, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        features = model.embed_audio(mel_of(REAL)[None])
+        step = cpu_step(model)
+        step.set_audio(features)
+        cache = new_cache(model.decoder, features)
+
+        def both(start, n, positions, mask):
+            new = tokens[:, start:start + n]
+            cache.self_attn.length = start
+            return (step.pass_at(new, positions, start, mask),
+                    decoder_hidden(model.decoder, new, positions, cache, start, mask))
+
+        with rows_together():
+            mine, theirs = both(0, 20, torch.arange(20), chain_mask(0, 20, "cpu"))
+        assert torch.equal(mine, theirs)
+        mine, theirs = both(20, 1, torch.arange(20, 21), None)
+        assert torch.equal(mine, theirs)
+        mine, theirs = both(21, 5, torch.arange(21, 26), chain_mask(21, 5, "cpu"))
+        assert torch.equal(mine, theirs)
+        tree = torch.zeros(5, 31, dtype=torch.bool)  # the pending token, then two branches of two nodes
+        tree[:, :27] = True
+        for row, ancestors in ((1, [1]), (2, [1, 2]), (3, [3]), (4, [3, 4])):
+            tree[row, [26 + a for a in ancestors]] = True
+        mine, theirs = both(26, 5, torch.tensor([26, 27, 28, 27, 28]), tree)
+        assert torch.equal(mine, theirs)
+
+        if compute_type == "float32":  # float32's products are not row-invariant: nothing promised
+            return
+        batch, lengths = cpu_step(model, 3), [7, 12, 20]
+        for item, n in enumerate(lengths):
+            batch.set_audio(features, item)
+            batch.prompt(tokens[:, :n], item)
+        new = tokens[0, 30:33]
+        rows = batch.rows(new, torch.tensor(lengths), 0, 3)
+        for item, n in enumerate(lengths):
+            alone = cpu_step(model)
+            alone.set_audio(features)
+            with rows_together():
+                alone.pass_at(tokens[:, :n], torch.arange(n), 0, chain_mask(0, n, "cpu"))
+            assert torch.equal(rows[item], alone.pass_at(new[item:item + 1][None], torch.tensor([n]), n, None)[0, 0])

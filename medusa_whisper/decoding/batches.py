@@ -11,8 +11,8 @@ limit, and starts waiting windows in the free items at once (continuous batching
 pass and prompt pass on that item alone).
 
 The step is the fixed-shape one on CUDA (``step.fixed.FixedStep`` over every item, one pass captured as
-a CUDA graph for the whole batch) and the CPU's own elsewhere (``step.cpu.CpuBatchStep``: the
-pass covers the items from the first in use to the last, whose int8 attention and products give a
+a CUDA graph for the whole batch) and the same step over the CPU's products elsewhere (``step.cpu.cpu_step``:
+the pass covers the items from the first in use to the last, whose int8 attention and products give a
 stream the bits it gets alone). So each window's result is the one ``decoding.decode`` gives it
 alone with ``mode="off"`` (and so with ``lossless``): bit for bit at int8 on the CPU; float32's
 products do not promise that, and there a batched window may differ in the last bits of its
@@ -45,7 +45,7 @@ from . import loop
 from .candidates import on_fixed_step
 from .encoder_graph import audio_features as audio_features_of
 from ..step.compute import compute_type_of
-from ..step.cpu import CpuBatchStep
+from ..step.cpu import cpu_step
 from .window import MedusaDecodingResult, decode, window_filters, window_result
 from ..drafting.base import ProposerStats
 from .loop import Generation
@@ -313,7 +313,7 @@ class BatchDecoder:
         stream, features = open_stream(self.model, key, mel, options)
         task = stream.task
         if self.step is None:
-            make = FixedStep if self.products == "fixed" else CpuBatchStep
+            make = FixedStep if self.products == "fixed" else cpu_step
             self.step = make(self.model, self.batch_size, features.dtype, self.device)
         settings = RuleSettings.of(stream.filters, self.step.vocabulary.shape[0])
         if self.rules is None and settings is not None:

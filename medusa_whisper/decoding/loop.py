@@ -22,8 +22,8 @@ Lossless: a candidate is kept only where it equals the filtered argmax, so the t
 step's own greedy tokens; with a chain the rejected slots need no rollback, since the next pass
 writes from the new length and each row reads only slots at or before its own position.
 
-On the CPU the same loop runs over the CPU's own products (``step.cpu.CpuStep``: the compute
-type's kernels, row-invariant attention over the written slots) with the host's acceptance
+On the CPU the same loop and step run over the CPU's own products (``step.cpu.CpuProducts``: the
+compute type's kernels, row-invariant attention over the written slots) with the host's acceptance
 (``acceptance.verify``, ``_walk_window``): each pass's tree walked row by row, only the rows the
 walk reaches filtered, which is cheaper there than every row at once, and which takes typical
 acceptance, the lossy CTC shortcut, a ``base_head`` model's logits and any filter as they are, on
@@ -53,7 +53,7 @@ from ..drafting.tree import CandidateTree
 from ..drafting.tree_layout import TreeLayout
 from .rules import DeviceRules, RuleSettings
 from ..options import MedusaDecodingOptions
-from ..step.cpu import CpuStep
+from ..step.cpu import cpu_step
 from ..step.fixed import FixedStep, supports as step_supports
 from ..step.together import rows_together
 
@@ -170,8 +170,8 @@ class WindowDecoder:
         self.acceptance = acceptance
         # the step's products: the fixed-shape ones (dense, every slot: what CUDA captures), or the
         # CPU's (its compute type's kernels, row-invariant attention over the written slots)
-        self.step = FixedStep(model, 1, residual, self.device) if products == "fixed" else CpuStep(
-            model, residual, self.device)
+        self.step = FixedStep(model, 1, residual, self.device) if products == "fixed" else cpu_step(
+            model, 1, residual, self.device)
         self.spec = spec
         self.capture = self.device.type == "cuda" if capture is None else capture
         if self.capture and self.device.type != "cuda":
@@ -577,7 +577,7 @@ class WindowDecoder:
         self.prompt.write([n, sot_index], initial)
         # the fixed-shape step pads it to one of a few sizes; the CPU's products take it as it is,
         # as every other way of opening a window computes it (together.py)
-        rows = prompt_rows(n, self.step.n_ctx) if isinstance(self.step, FixedStep) else n
+        rows = prompt_rows(n, self.step.n_ctx) if self.step.products.fixed_shapes else n
         run, out = self._prompt_program(rows, rules, drafting, no_speech, keep)
         run()
         greedy, prediction, logprob, speech = self._read(out)

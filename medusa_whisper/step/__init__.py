@@ -1,9 +1,11 @@
 """The decoder step: one pass of whisper's decoder over rows at positions and cache slots.
 
-Its calls are ``fixed.FixedStep``'s (the fixed-shape step: dense weights in the products' dtype,
-every slot attended with a mask, what a CUDA graph replays); ``cpu.CpuStep`` and ``cpu.CpuBatchStep``
-answer the same calls with the CPU's products: the decoder run with explicit slots (``decoder``),
-its preallocated cache (``cache``), row-invariant attention and masks (``attention``), the compute
+One step on every device, ``fixed.FixedStep``: its buffers, calls and arithmetic, over a products
+object that says how it multiplies and attends: ``fixed.DenseProducts`` (dense weights in the
+products' dtype, every slot attended with a mask, what a CUDA graph replays) or ``cpu.CpuProducts``
+(the CPU's: the compute type's modules, row-invariant attention and masks (``attention``) over
+the written slots). Still beside it, for the candidates' rows and the draft heads' blocks: the
+decoder run with explicit slots (``decoder``) and its cache (``cache``). Under them the compute
 types' layers (``compute``: int8 and bfloat16, the kernels ``routes`` measures per machine, the
 vocabulary ``projection``, the ``int8_kernels``), and rows multiplied together or alone
 (``together``). Nothing here knows decoding's options, proposers or files."""

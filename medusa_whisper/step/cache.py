@@ -100,19 +100,6 @@ class StaticKVCache:
         self.keys = self.keys.index_select(1, items)
         self.values = self.values.index_select(1, items)
 
-    def write_rows(self, layer: int, positions: Tensor, k: Tensor, v: Tensor) -> None:
-        """Store one new token per batch item, item b's at slot ``positions[b]``: streams of different
-        windows side by side, each at its own position. k, v : (batch, 1, n_state). The length is
-        per item here, so ``length`` is left to the caller (decoding/batches.py keeps each stream's)."""
-        items = torch.arange(k.shape[0], device=k.device)
-        if self.n_head is None:
-            self.keys[layer, items, positions] = k[:, 0].to(self.keys.dtype)  # index_put does not cast
-            self.values[layer, items, positions] = v[:, 0].to(self.values.dtype)
-        else:
-            batch, _, n_state = k.shape
-            self.keys[layer, items, :, positions] = k.view(batch, self.n_head, -1).to(self.keys.dtype)
-            self.values[layer, items, :, positions] = v.view(batch, self.n_head, -1).to(self.values.dtype)
-
 
 class CrossKV:
     """Cross-attention keys and values, computed once per audio from the encoder output.
@@ -141,11 +128,6 @@ class CrossKV:
         view.keys = [k[first:stop] for k in self.keys]
         view.values = [v[first:stop] for v in self.values]
         return view
-
-    def put(self, item: int, other: "CrossKV") -> None:
-        """Copy ``other``'s (one audio's) keys and values into batch item ``item``."""
-        for mine, theirs in zip(self.keys + self.values, other.keys + other.values):
-            mine[item].copy_(theirs[0])
 
 
 def _centred(features: Tensor) -> Tensor:

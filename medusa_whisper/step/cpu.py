@@ -1,143 +1,164 @@
-"""The fixed-shape step's interface over the CPU's products: one decoding loop on every device.
+"""The CPU's products for the one decoder step (``step.fixed.FixedStep``): one step on every device.
 
-``step.fixed.FixedStep`` is the decoder as one function of fixed shapes, for CUDA graphs: dense weights
-in the products' dtype, every slot attended with a mask. On the CPU that arithmetic is neither the
-fastest nor the exact one: an int8 model multiplies with the kernels ``routes`` measured for its
-rows and attends with ``invariant_attention`` over the written slots, so that a row gets the same
-bits in a verification pass as alone (what makes lossless decoding bit-exact there).
+``FixedStep`` owns the buffers, the calls and the order of the arithmetic; a products object says
+how it multiplies and attends. CUDA's (``fixed.DenseProducts``) keep every shape fixed for its
+graphs. On the CPU that arithmetic is neither the fastest nor the exact one, so ``CpuProducts``
+gives the step the CPU's instead:
 
-``CpuStep`` offers ``FixedStep``'s calls (``set_audio``, the step over rows at positions and slots
-with a mask, ``logits``, moving a tree's accepted slots) over exactly those products: the eager
-decoder's blocks (``decoder.decoder_hidden``) and cache, and the compute type's vocabulary
-projection. So ``loop.WindowDecoder``, the loop CUDA captures, runs on the CPU with the
-CPU's numbers: a pass reads the slots it writes from (a Python int: nothing is captured here), and
-the prompt's pass runs with its rows together, as every way of opening a window does.
+- the compute type's own modules, called as they are (int8's weight-only kernel, one product for
+  q, k and v; float32 linears by the route ``routes`` measured fastest for the rows);
+- where the int8 decoder attends row-invariantly (``attention.invariant_attention``, bfloat16 keys
+  and values on CPUs with native bfloat16 products), that attention over the written slots rounded
+  up (``attended_slots``), so a row gets the same bits in a verification pass, in a batch or alone:
+  what makes lossless decoding bit-exact here;
+- elsewhere PyTorch's fused kernel over exactly the slots a row sees, one row at a time in a pass of
+  several where the model is converted (``rows_alone``), one batch item at a time beside others
+  (that kernel is not batch-invariant);
+- the cross-attention's keys and values computed with their rows together (``decoder.cross_cache``),
+  the vocabulary by the compute type's projection (and a ``base_head`` model's head first).
+
+So a pass reads on the host where its slots end (nothing is captured on the CPU), and a batch pass
+runs over the items in use only.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+import functools
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from .decoder import (DecoderCache, block_caches, cross_cache, decoder_hidden, decoder_rows_step, new_cache,
-                      next_token_logits)
-from .attention import chain_mask
-from .fixed import product_dtype
-from .together import rows_together
+from .attention import attended_slots, invariant_attention, invariant_dtype, row_invariant
+from .decoder import _attention, cross_cache, linear as routed_linear, next_token_logits, self_attention_qkv
+from .fixed import FixedStep, Layer, UnsupportedStep, norm_product, product_dtype
+from .together import together
 
 
-class CpuStep:
-    """The decoder of ``model`` for one window at a time, on the CPU's products; ``FixedStep``'s interface.
+@dataclass
+class Visible:
+    """A pass's mask, (batch, rows, slots), with what the fused kernel needs of it read once on the
+    host: how many slots each row sees, and whether they are the first ones (a chain's prefix)."""
 
-    residual : the dtype of the residual stream (the audio features')
-    """
+    mask: Tensor
+    counts: List[List[int]]
+    prefix: List[List[bool]]
 
-    batch = 1
+    @classmethod
+    def of(cls, mask: Tensor) -> "Visible":
+        counts = mask.sum(-1)
+        prefix = (mask == (torch.arange(mask.shape[-1], device=mask.device) < counts[..., None])).all(-1)
+        return cls(mask, counts.tolist(), prefix.tolist())
 
-    def __init__(self, model: nn.Module, residual: torch.dtype = torch.float32, device: Optional[torch.device] = None):
+    def seen(self, keys: Tensor, values: Tensor, item: int, row: int) -> Tuple[Tensor, Tensor]:
+        """The keys and values row ``row`` of batch item ``item`` sees, in order; keys, values :
+        (1, n_head, slots, d_head), the item's."""
+        if self.prefix[item][row]:
+            n = self.counts[item][row]
+            return keys[:, :, :n], values[:, :, :n]
+        index = self.mask[item, row].nonzero()[:, 0]  # a tree: the cached prefix and this row's ancestors
+        return keys.index_select(2, index), values.index_select(2, index)
+
+
+class CpuAttention:
+    """How the CPU's products attend (see the module's docstring); ``fixed.Attention``'s calls."""
+
+    def __init__(self, block: nn.Module, n_ctx: int):
+        self.invariant = row_invariant(block.attn)
+        self.rows_alone = bool(getattr(block.attn, "rows_alone", False))
+        self.cross_rows_alone = bool(getattr(block.cross_attn, "rows_alone", False))
+        self.n_ctx = n_ctx
+
+    def prepare(self, allowed: Tensor):
+        """What ``self_attention`` takes for a pass's mask: as it is for the invariant products,
+        with its rows' visible slots read once otherwise."""
+        return allowed if self.invariant else Visible.of(allowed)
+
+    def self_attention(self, q: Tensor, keys: Tensor, values: Tensor, allowed, n_head: int) -> Tensor:
+        if self.invariant:
+            return invariant_attention(q, keys, values, n_head, allowed, slots=self.n_ctx)
+        alone = q.shape[1] == 1 or (self.rows_alone and not together())
+        outs = []
+        for b in range(q.shape[0]):
+            k, v = keys[b:b + 1], values[b:b + 1]
+            if alone:
+                rows = [_attention(q[b:b + 1, i:i + 1], *allowed.seen(k, v, b, i), n_head, None)
+                        for i in range(q.shape[1])]
+                outs.append(rows[0] if len(rows) == 1 else torch.cat(rows, dim=1))
+            else:
+                outs.append(_attention(q[b:b + 1], k, v, n_head, allowed.mask[b]))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def cross_attention(self, q: Tensor, keys: Tensor, values: Tensor, n_head: int) -> Tensor:
+        if self.invariant:
+            return invariant_attention(q, keys, values, n_head, None)
+        alone = q.shape[1] > 1 and self.cross_rows_alone and not together()
+        outs = []
+        for b in range(q.shape[0]):
+            k, v = keys[b:b + 1], values[b:b + 1]
+            if alone:
+                outs.append(torch.cat([_attention(q[b:b + 1, i:i + 1], k, v, n_head, None)
+                                       for i in range(q.shape[1])], dim=1))
+            else:
+                outs.append(_attention(q[b:b + 1], k, v, n_head, None))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def cpu_layer(block: nn.Module, residual: torch.dtype) -> Layer:
+    """A whisper ``ResidualAttentionBlock`` with its own (converted) modules as the products."""
+    attn, cross, mlp = block.attn, block.cross_attn, block.mlp
+    if not (isinstance(mlp, nn.Sequential) and len(mlp) == 3 and isinstance(mlp[1], nn.GELU)):
+        raise UnsupportedStep("the decoder's MLP is not whisper's Linear, GELU, Linear")
+
+    def routed(module: nn.Module):
+        return functools.partial(routed_linear, module)
+
+    return Layer(attn_ln=norm_product(block.attn_ln, residual), qkv=functools.partial(self_attention_qkv, attn),
+                 out=routed(attn.out), cross_ln=norm_product(block.cross_attn_ln, residual),
+                 cross_query=routed(cross.query), cross_out=routed(cross.out), cross_key=routed(cross.key),
+                 cross_value=routed(cross.value), mlp_ln=norm_product(block.mlp_ln, residual),
+                 fc1=routed(mlp[0]), fc2=routed(mlp[2]))
+
+
+class CpuProducts:
+    """The CPU's products for ``FixedStep`` (the module's docstring says which)."""
+
+    fixed_shapes = False
+
+    def __init__(self, model: nn.Module, residual: torch.dtype):
         decoder = model.decoder
-        self.model, self.decoder = model, decoder
-        self.device = torch.device(device) if device is not None else decoder.token_embedding.weight.device
-        self.residual = residual
-        self.dtype = product_dtype(decoder, residual)  # what the proposers' own products run in
-        self.n_head = decoder.blocks[0].attn.n_head
-        self.n_state = decoder.token_embedding.weight.shape[1]
-        self.n_ctx = decoder.positional_embedding.shape[0]
-        self.n_audio_ctx = model.dims.n_audio_ctx
-        # what the proposers that draft in the pass read (drafting/device): embeddings and the tied vocabulary
-        self.embedding = decoder.token_embedding.weight.detach().to(residual)
-        self.positional = decoder.positional_embedding.detach().to(residual)
+        first = decoder.blocks[0]
+        self.model, self.blocks = model, decoder.blocks
+        self.dtype = product_dtype(decoder, residual)  # what the in-pass proposers' own products run in
+        self.layers: List[Layer] = [cpu_layer(block, residual) for block in decoder.blocks]
+        # what the proposers that draft in the pass read (drafting/device): the tied vocabulary
         self.vocabulary = decoder.token_embedding.weight.detach().to(self.dtype)
-        self.slots = torch.arange(self.n_ctx, device=self.device)
-        # a cache before any window's, so that a pass can be timed (row_costs) before set_audio
-        self.cache: DecoderCache = new_cache(decoder, torch.zeros(1, self.n_audio_ctx, model.dims.n_audio_state,
-                                                                  dtype=residual, device=self.device))
+        self.attention = CpuAttention(first, decoder.positional_embedding.shape[0])
+        self.cache_dtype = invariant_dtype(first.attn) if row_invariant(first.attn) else residual
+        self.cross_dtype = invariant_dtype(first.cross_attn) if row_invariant(first.cross_attn) else residual
+        self.n_head = first.attn.n_head
 
-    def set_audio(self, features: Tensor) -> None:
-        """The window's cache: self-attention slots, and the cross-attention keys and values of its
-        encoder output (features, shape = (1, n_audio_ctx, n_audio_state)), computed with their rows
-        together as every way of opening a window computes them."""
-        self.cache = new_cache(self.decoder, features.to(self.residual))
+    def slots_read(self, end: int, n_ctx: int) -> int:
+        """The slots a pass ending at slot ``end`` attends: exactly those for the fused kernel, rounded
+        up where the invariant attention was measured to give the same bits (``attended_slots``)."""
+        if not self.attention.invariant:
+            return end
+        d_head = self.blocks[0].attn.query.out_features // self.n_head
+        return attended_slots(end, n_ctx, self.cache_dtype, self.n_head, d_head)
 
-    def forward(self, tokens: Tensor, positions: Tensor, mask: Optional[Tensor] = None,
-                slots: Optional[Tensor] = None) -> Tensor:
-        """``FixedStep.forward`` for one window: rows at consecutive slots from the first's (a chain
-        at its positions, or a pending token and a tree's nodes), written there; post-LayerNorm
-        states, shape = (1, rows, n_state). Reads the first slot on the host."""
-        start = int((positions if slots is None else slots)[0, 0])
-        n = tokens.shape[1]
-        allowed = chain_mask(start, n, self.device) if mask is None else mask[0, :, :start + n]
-        return self.pass_at(tokens, positions[0], start, allowed)
-
-    __call__ = forward
-
-    def pass_at(self, tokens: Tensor, positions: Tensor, start: int, mask: Tensor) -> Tensor:
-        """Rows written at slots [start, start + rows), as the host's acceptance feeds them.
-
-        tokens    : shape = (1, rows); positions : shape = (rows,)
-        mask      : shape = (rows, start + rows) bool, where each row may attend
-        returns   : shape = (1, rows, n_state), post-LayerNorm states
-        """
-        self.cache.self_attn.length = start  # what is at or after ``start`` is rewritten now
-        return decoder_hidden(self.decoder, tokens, positions, self.cache, start, mask)
+    def cross(self, features: Tensor, n_head: int) -> Tuple[Sequence[Tensor], Sequence[Tensor]]:
+        """Every layer's cross-attention keys and values of ``features``, rows together."""
+        kv = cross_cache(self.blocks, features)
+        return kv.keys, kv.values
 
     def logits(self, states: Tensor) -> Tensor:
         """The next-token logits greedy decoding reads from states, float32: by the compute type's
         projection, through a ``base_head`` model's head 0 first (``decoder.next_token_logits``)."""
         return next_token_logits(self.model, states)
 
-    def move_slots(self, dest: Tensor, src: Tensor) -> None:
-        """Slots ``src`` copied to slots ``dest`` (a tree's accepted nodes follow the pending token)."""
-        cache = self.cache.self_attn
-        for buffer in (cache.keys, cache.values):
-            buffer.index_copy_(cache.slot_dim, dest, buffer.index_select(cache.slot_dim, src))
 
-    def compact(self, keep: List[int], start: int) -> None:
-        """Slots ``keep`` (ascending, from ``start``) moved to [start, start + len(keep))."""
-        self.cache.self_attn.compact(keep, start)
-
-
-class CpuBatchStep:
-    """``FixedStep``'s calls for windows side by side (one per batch item, each at its own
-    position) over the CPU's products: ``decoder.decoder_rows_step``, whose int8 attention and
-    products give a stream the bits it gets alone, over one cache of ``batch`` items."""
-
-    def __init__(self, model: nn.Module, batch: int, residual: torch.dtype = torch.float32,
-                 device: Optional[torch.device] = None):
-        decoder = model.decoder
-        self.model, self.decoder, self.batch = model, decoder, batch
-        self.device = torch.device(device) if device is not None else decoder.token_embedding.weight.device
-        self.residual = residual
-        self.n_ctx = decoder.positional_embedding.shape[0]
-        self.vocabulary = decoder.token_embedding.weight  # (its rows: the vocabulary's size)
-        features = torch.zeros(batch, model.dims.n_audio_ctx, model.dims.n_audio_state, dtype=residual,
-                               device=self.device)
-        self_attn, cross_attn = block_caches(decoder.blocks, self.n_ctx, features)
-        self.cache = DecoderCache(self_attn=self_attn, cross_attn=cross_attn, dtype=residual)
-
-    def set_audio(self, features: Tensor, item: int) -> None:
-        """Batch item ``item`` takes a window: the cross-attention keys and values of its encoder
-        output (features, shape = (1, n_audio_ctx, n_audio_state)), computed for it alone, and
-        zeroed self-attention slots, as a fresh cache has them."""
-        self.cache.cross_attn.put(item, cross_cache(self.decoder.blocks, features.to(self.residual)))
-        mine = self.cache.batch_items(item, item + 1)
-        mine.self_attn.keys.zero_()
-        mine.self_attn.values.zero_()
-
-    def prompt(self, tokens: Tensor, item: int) -> Tensor:
-        """The window's prompt pass in batch item ``item`` alone, its rows together as every way of
-        opening a window has them; tokens, shape = (1, n) -> states, shape = (1, n, n_state)."""
-        n = tokens.shape[1]
-        with rows_together():
-            return decoder_hidden(self.decoder, tokens, torch.arange(n, device=self.device),
-                                  self.cache.batch_items(item, item + 1), 0, chain_mask(0, n, self.device))
-
-    def rows(self, tokens: Tensor, positions: Tensor, first: int, stop: int) -> Tensor:
-        """One token for each of batch items [first, stop), item b's at slot ``positions[b]``;
-        tokens, positions : shape = (stop - first,) -> states, shape = (stop - first, n_state)."""
-        return decoder_rows_step(self.decoder, tokens, positions, self.cache.batch_items(first, stop))
-
-    def logits(self, states: Tensor) -> Tensor:
-        return next_token_logits(self.model, states)
+def cpu_step(model: nn.Module, batch: int = 1, residual: torch.dtype = torch.float32,
+             device: Optional[torch.device] = None) -> FixedStep:
+    """The one decoder step over the CPU's products, for ``batch`` windows side by side."""
+    return FixedStep(model, batch, residual, device, products=CpuProducts(model, residual))

@@ -260,50 +260,6 @@ def decoder_hidden(
     return norm(decoder.ln, x)
 
 
-def decoder_rows_step(decoder: TextDecoder, tokens: Tensor, positions: Tensor, cache: DecoderCache) -> Tensor:
-    """One new token per batch item, each at its own position: streams of different windows (each
-    with its audio's cross-attention keys and values in its batch item) advanced by one pass.
-
-    tokens, positions : shape = (batch,); item b's token goes to cache slot ``positions[b]`` and sees
-                        slots [0, positions[b]]
-    returns           : shape = (batch, n_state), post-LayerNorm states
-
-    Every item gets the bits a pass over its stream alone gets wherever the products are row-invariant
-    (int8's ``_weight_int8pack_mm``, step/attention.py): with invariant attention the streams
-    attend in one batched product; otherwise each stream attends on its own with PyTorch's fused
-    kernel over exactly its visible slots, as its pass alone does (that kernel is not batch-invariant:
-    measured). float32's products are not row-invariant, so there the last bits may differ.
-    """
-    x = (decoder.token_embedding(tokens[:, None]) + decoder.positional_embedding[positions][:, None]).to(cache.dtype)
-    kv = cache.self_attn
-    fixed = row_invariant(decoder.blocks[0].attn)
-    mask = None
-    ends = positions.tolist()
-    if fixed:  # the slots up to the furthest stream's, rounded up (attended_slots), others masked: (batch, 1, slots)
-        slots = _attended_slots(kv, max(ends) + 1)
-        mask = (torch.arange(slots, device=tokens.device)[None, :] <= positions[:, None])[:, None, :]
-    for i, block in enumerate(decoder.blocks):
-        h = norm(block.attn_ln, x)
-        q, k, v = self_attention_qkv(block.attn, h)
-        kv.write_rows(i, positions, k, v)
-        cross_k, cross_v = cache.cross_attn.keys[i], cache.cross_attn.values[i]
-        if fixed:
-            x = x + attend(block.attn, h, kv.keys[i][..., :slots, :], kv.values[i][..., :slots, :], mask, q=q,
-                           slots=kv.capacity)
-            x = x + attend(block.cross_attn, norm(block.cross_attn_ln, x), cross_k, cross_v, None)
-        else:
-            own = [_attention(q[b:b + 1], kv.keys[i, b:b + 1, :end + 1], kv.values[i, b:b + 1, :end + 1],
-                              block.attn.n_head, None) for b, end in enumerate(ends)]
-            x = x + linear(block.attn.out, torch.cat(own))
-            c = norm(block.cross_attn_ln, x)
-            cq = linear(block.cross_attn.query, c)
-            own = [_attention(cq[b:b + 1], cross_k[b:b + 1], cross_v[b:b + 1], block.cross_attn.n_head, None)
-                   for b in range(len(ends))]
-            x = x + linear(block.cross_attn.out, torch.cat(own))
-        x = x + _mlp(block.mlp, norm(block.mlp_ln, x))
-    return norm(decoder.ln, x)[:, 0]
-
-
 def project(decoder: TextDecoder, states: Tensor) -> Tensor:
     """Vocabulary logits through the tied token embedding, by the decoder's projection module
     (projection.py: its compute type's kernel), in fp32 as whisper returns them.

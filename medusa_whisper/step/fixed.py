@@ -14,24 +14,31 @@ host waiting between them. ``FixedStep`` is the same arithmetic with every shape
   products run in.
 
 Nothing in ``forward`` reads a tensor's value on the host, so a call can be captured as a CUDA
-graph and replayed (``decoding/loop.py`` does). On the CPU the eager decoder stays the product's
-path (its products are chosen per row count and kept row-invariant where lossless needs it); this
-step runs there in tests, as the reference its CUDA graphs are compared with, and where
-``MEDUSA_WHISPER_STEP=fixed`` asks for it.
+graph and replayed (``decoding/loop.py`` does).
+
+The same step is the CPU's, over other products (``step/cpu.py``, ``CpuProducts``): its compute
+type's kernels as ``routes`` chose them, the row-invariant attention over the written slots that
+lossless decoding needs there, which reads the pass's last slot on the host. What differs between
+the devices is the products object (``DenseProducts`` here); the buffers, the calls and the order
+of the arithmetic are this module's on both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .compute import HalfLinear, Int8Linear
+from .together import rows_together
 
 Product = Tuple[Tensor, Optional[Tensor]]  # a linear layer's weight (out, in) and bias
+# a layer's product: dense weights (what CUDA replays), or a function of the rows (the CPU's
+# compute-type modules, called as they are); a self-attention's may return q, k and v apart
+Linear = Union[Product, Callable[[Tensor], Union[Tensor, Tuple[Tensor, Tensor, Tensor]]]]
 
 
 class UnsupportedStep(ValueError):
@@ -70,7 +77,9 @@ def product_dtype(decoder: nn.Module, residual: torch.dtype) -> torch.dtype:
     return first.weight.dtype if isinstance(first, HalfLinear) else residual
 
 
-def linear(x: Tensor, product: Product) -> Tensor:
+def linear(x: Tensor, product: Linear):
+    if not isinstance(product, tuple):
+        return product(x)
     weight, bias = product
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
@@ -82,16 +91,16 @@ def layer_norm(x: Tensor, norm: Product) -> Tensor:
 @dataclass
 class Layer:
     attn_ln: Product
-    qkv: Product  # query, key, value in one product (whisper's key has no bias: zeros)
-    out: Product
+    qkv: Linear  # query, key, value in one product (whisper's key has no bias: zeros)
+    out: Linear
     cross_ln: Product
-    cross_query: Product
-    cross_out: Product
-    cross_key: Product  # for set_audio
-    cross_value: Product
+    cross_query: Linear
+    cross_out: Linear
+    cross_key: Linear  # for set_audio
+    cross_value: Linear
     mlp_ln: Product
-    fc1: Product
-    fc2: Product
+    fc1: Linear
+    fc2: Linear
 
 
 def norm_product(module: nn.LayerNorm, dtype: torch.dtype) -> Product:
@@ -117,30 +126,63 @@ def layer_products(block: nn.Module, residual: torch.dtype, dtype: torch.dtype) 
 
 
 def layer_forward(layer: Layer, x: Tensor, keys: Tensor, values: Tensor, cross_keys: Tensor,
-                  cross_values: Tensor, allowed: Tensor, index: Tensor, n_head: int) -> Tensor:
+                  cross_values: Tensor, allowed: Tensor, index: Tensor, n_head: int,
+                  attention: "Attention" = None) -> Tensor:
     """One residual block over new rows at fixed shapes: their keys and values are written into
-    ``keys``/``values`` at ``index`` (slots), then every slot is attended where ``allowed``.
+    ``keys``/``values`` at ``index`` (slots), then the slots are attended where ``allowed``.
 
     x                       : shape = (batch, rows, n_state), the residual stream
-    keys, values            : shape = (batch, n_head, slots, d_head), this block's cache, written in place
+    keys, values            : shape = (batch, n_head, slots, d_head), this block's cache (or its first
+                              slots), written in place
     cross_keys, cross_values: shape = (batch, n_head, n_audio_ctx, d_head)
-    allowed                 : shape = (batch, 1, rows, slots) bool
+    allowed                 : shape = (batch, rows, slots) bool
     index                   : shape = (batch, n_head, rows, d_head), the rows' slots
+    attention               : how the products attend (default: PyTorch's fused kernel, ``Attention``)
     """
+    attention = attention or FUSED
     batch, rows, n_state = x.shape
     h = layer_norm(x, layer.attn_ln)
-    q, k, v = (t.view(batch, rows, n_head, -1).transpose(1, 2)
-               for t in linear(h, layer.qkv).split(n_state, dim=-1))
-    keys.scatter_(2, index, k)
-    values.scatter_(2, index, v)
-    o = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
-    x = x + linear(o.transpose(1, 2).reshape(batch, rows, n_state), layer.out)
+    qkv = linear(h, layer.qkv)
+    q, k, v = qkv if isinstance(qkv, tuple) else qkv.split(n_state, dim=-1)
+    keys.scatter_(2, index, heads(k, n_head).to(keys.dtype))
+    values.scatter_(2, index, heads(v, n_head).to(values.dtype))
+    x = x + linear(attention.self_attention(q, keys, values, allowed, n_head), layer.out)
     h = layer_norm(x, layer.cross_ln)
-    q = linear(h, layer.cross_query).view(batch, rows, n_head, -1).transpose(1, 2)
-    o = F.scaled_dot_product_attention(q, cross_keys, cross_values)
-    x = x + linear(o.transpose(1, 2).reshape(batch, rows, n_state), layer.cross_out)
+    x = x + linear(attention.cross_attention(linear(h, layer.cross_query), cross_keys, cross_values, n_head),
+                   layer.cross_out)
     h = layer_norm(x, layer.mlp_ln)
     return x + linear(F.gelu(linear(h, layer.fc1)), layer.fc2)
+
+
+def heads(x: Tensor, n_head: int) -> Tensor:
+    """(batch, rows, n_state) -> (batch, n_head, rows, d_head), a view."""
+    batch, rows, _ = x.shape
+    return x.view(batch, rows, n_head, -1).transpose(1, 2)
+
+
+def merged(x: Tensor) -> Tensor:
+    """(batch, n_head, rows, d_head) -> (batch, rows, n_state)."""
+    batch, _, rows, _ = x.shape
+    return x.transpose(1, 2).reshape(batch, rows, -1)
+
+
+class Attention:
+    """How the step's products attend: PyTorch's fused kernel over every given slot, the mask a
+    tensor (what a CUDA graph replays). Queries come with their heads merged, (batch, rows,
+    n_state), and so does the result. ``step/cpu.py`` has the CPU's."""
+
+    def prepare(self, allowed: Tensor) -> Tensor:
+        """What the self-attention takes for a pass's mask, made once per pass: the mask itself."""
+        return allowed
+
+    def self_attention(self, q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor, n_head: int) -> Tensor:
+        return merged(F.scaled_dot_product_attention(heads(q, n_head), keys, values, attn_mask=allowed[:, None]))
+
+    def cross_attention(self, q: Tensor, keys: Tensor, values: Tensor, n_head: int) -> Tensor:
+        return merged(F.scaled_dot_product_attention(heads(q, n_head), keys, values))
+
+
+FUSED = Attention()
 
 
 def cross_keys_values(layer: Layer, features: Tensor, n_head: int) -> Tuple[Tensor, Tensor]:
@@ -152,37 +194,72 @@ def cross_keys_values(layer: Layer, features: Tensor, n_head: int) -> Tuple[Tens
     return k, v
 
 
+class DenseProducts:
+    """The fixed-shape step's own products: every linear layer dense in the products' dtype (int8
+    weights dequantised once), the vocabulary the tied embedding in it, PyTorch's fused attention
+    over every slot. ``fixed_shapes``: a pass reads every slot and every batch item, and the
+    buffers are written in place, so that a CUDA graph can replay it."""
+
+    fixed_shapes = True
+    attention = FUSED
+
+    def __init__(self, model: nn.Module, residual: torch.dtype):
+        decoder = model.decoder
+        self.dtype = product_dtype(decoder, residual)
+        self.layers: List[Layer] = [layer_products(block, residual, self.dtype) for block in decoder.blocks]
+        self.vocabulary = decoder.token_embedding.weight.detach().to(self.dtype).contiguous()
+        self.cache_dtype = self.cross_dtype = residual
+
+    def slots_read(self, end: int, n_ctx: int) -> int:
+        return n_ctx
+
+    def cross(self, features: Tensor, n_head: int) -> Tuple[Sequence[Tensor], Sequence[Tensor]]:
+        """Every layer's cross-attention keys and values of encoder output ``features``."""
+        pairs = [cross_keys_values(layer, features, n_head) for layer in self.layers]
+        return [k for k, _ in pairs], [v for _, v in pairs]
+
+    def logits(self, states: Tensor) -> Tensor:
+        """Vocabulary logits through the tied embedding, float32 as whisper returns them."""
+        return (states.to(self.dtype) @ self.vocabulary.T).float()
+
+
 class FixedStep:
-    """The decoder of ``model`` for ``batch`` sequences of one window each, at fixed shapes.
+    """The decoder of ``model`` for ``batch`` sequences of one window each, over buffers it owns.
 
     residual : the dtype of the residual stream (the audio features'); products run in the compute
                type's dtype (``product_dtype``)
+    products : what multiplies and attends: ``DenseProducts`` (default; fixed shapes, for CUDA
+               graphs) or the CPU's (``step.cpu.cpu_products``: the compute type's kernels,
+               row-invariant attention over the written slots, the items in use)
     """
 
     def __init__(self, model: nn.Module, batch: int = 1, residual: torch.dtype = torch.float32,
-                 device: Optional[torch.device] = None):
+                 device: Optional[torch.device] = None, products=None):
         decoder = model.decoder
         device = torch.device(device) if device is not None else decoder.token_embedding.weight.device
-        dtype = product_dtype(decoder, residual)
-        self.batch, self.residual, self.dtype, self.device = batch, residual, dtype, device
+        self.products = products if products is not None else DenseProducts(model, residual)
+        self.batch, self.residual, self.dtype, self.device = batch, residual, self.products.dtype, device
         self.n_head = decoder.blocks[0].attn.n_head
         self.n_state = decoder.token_embedding.weight.shape[1]
         self.n_ctx = decoder.positional_embedding.shape[0]
         self.n_audio_ctx = model.dims.n_audio_ctx
-        self.layers: List[Layer] = [layer_products(block, residual, dtype) for block in decoder.blocks]
+        self.layers: List[Layer] = self.products.layers
         self.embedding = decoder.token_embedding.weight.detach().to(residual).contiguous()
         self.positional = decoder.positional_embedding.detach().to(residual).contiguous()
         self.final_ln = norm_product(decoder.ln, residual)
-        # the vocabulary: the tied embedding, in the products' dtype
-        self.vocabulary = decoder.token_embedding.weight.detach().to(dtype).contiguous()
+        self.vocabulary = self.products.vocabulary  # (its rows: the vocabulary's size)
         d_head = self.n_state // self.n_head
         n_layer = len(self.layers)
-        # zeros, not empty: every slot is read (masked ones with weight 0), and 0 * NaN would be NaN
-        self.keys = torch.zeros(n_layer, batch, self.n_head, self.n_ctx, d_head, dtype=residual, device=device)
+        # zeros, not empty: every slot read is multiplied (masked ones with weight 0), and 0 * NaN is NaN
+        self.keys = torch.zeros(n_layer, batch, self.n_head, self.n_ctx, d_head, dtype=self.products.cache_dtype,
+                                device=device)
         self.values = torch.zeros_like(self.keys)
-        self.cross_keys = torch.zeros(n_layer, batch, self.n_head, self.n_audio_ctx, d_head, dtype=residual,
-                                      device=device)
-        self.cross_values = torch.zeros_like(self.cross_keys)
+        # the cross-attention's, per layer (batch, n_head, n_audio_ctx, d_head); zeros before any
+        # window's, so that a pass can be timed (loop.pass_seconds). The CPU's one window takes the
+        # tensors set_audio computes instead (no graph replays these)
+        self.cross_keys: Sequence[Tensor] = torch.zeros(n_layer, batch, self.n_head, self.n_audio_ctx, d_head,
+                                                        dtype=self.products.cross_dtype, device=device)
+        self.cross_values: Sequence[Tensor] = torch.zeros_like(self.cross_keys)
         self.slots = torch.arange(self.n_ctx, device=device)
 
     @torch.no_grad()
@@ -190,15 +267,24 @@ class FixedStep:
         """Fill the cross-attention buffers from windows' encoder output, shape = (batch / repeat,
         n_audio_ctx, n_audio_state), or (1, ...) for batch item ``item`` alone. ``repeat``
         consecutive items share each window (best_of candidates, beams): its keys and values are
-        computed once and copied to them. In place: a captured graph keeps reading the same buffers."""
+        computed once and copied to them. In place with fixed shapes: a captured graph keeps reading
+        the same buffers. The CPU's products start the items' self-attention slots at zero, as a
+        fresh cache has them."""
         features = features.to(self.residual)
         at = slice(None) if item is None else slice(item, item + 1)
-        for i, layer in enumerate(self.layers):
-            k, v = cross_keys_values(layer, features, self.n_head)
-            if repeat > 1:
-                k, v = k.repeat_interleave(repeat, dim=0), v.repeat_interleave(repeat, dim=0)
-            self.cross_keys[i, at].copy_(k)
-            self.cross_values[i, at].copy_(v)
+        keys, values = self.products.cross(features, self.n_head)
+        if repeat > 1:
+            keys = [k.repeat_interleave(repeat, dim=0) for k in keys]
+            values = [v.repeat_interleave(repeat, dim=0) for v in values]
+        if not self.products.fixed_shapes:
+            self.keys[:, at].zero_()
+            self.values[:, at].zero_()
+            if self.batch == 1:
+                self.cross_keys, self.cross_values = keys, values
+                return
+        for i in range(len(self.layers)):
+            self.cross_keys[i][at].copy_(keys[i])
+            self.cross_values[i][at].copy_(values[i])
 
     def chain_mask(self, positions: Tensor) -> Tensor:
         """(batch, rows, n_ctx) bool: row at position p sees slots [0, p]."""
@@ -222,16 +308,28 @@ class FixedStep:
     __call__ = forward
 
     def _blocks(self, tokens: Tensor, positions: Tensor, mask: Optional[Tensor], slots: Optional[Tensor],
-                keys: Tensor, values: Tensor, cross_keys: Tensor, cross_values: Tensor) -> Tensor:
-        """``forward`` over caches of shape (n_layer, batch, ...), written in place."""
+                keys: Tensor, values: Tensor, cross_keys: Sequence[Tensor], cross_values: Sequence[Tensor],
+                end: Optional[int] = None) -> Tensor:
+        """``forward`` over caches of shape (n_layer, batch, ...), written in place. ``end``: the
+        slot after the last one written (the CPU's products attend up to it; read from ``slots``
+        when not given)."""
         batch, rows = tokens.shape
         n_state, n_head = self.n_state, self.n_head
         x = self.embedding[tokens] + self.positional[positions]
-        allowed = (self.chain_mask(positions) if mask is None else mask)[:, None]  # (batch, 1, rows, n_ctx)
+        allowed = self.chain_mask(positions) if mask is None else mask  # (batch, rows, n_ctx)
         slots = positions if slots is None else slots
         index = slots[:, None, :, None].expand(batch, n_head, rows, n_state // n_head)
+        read = self.n_ctx
+        if not self.products.fixed_shapes:  # the slots up to the pass's end (a host read), not every one
+            read = self.products.slots_read(int(slots.max()) + 1 if end is None else end, self.n_ctx)
+            allowed = allowed[..., :read]
+        allowed = self.products.attention.prepare(allowed)
         for i, layer in enumerate(self.layers):
-            x = layer_forward(layer, x, keys[i], values[i], cross_keys[i], cross_values[i], allowed, index, n_head)
+            k, v = keys[i], values[i]
+            if read < self.n_ctx:
+                k, v = k[..., :read, :], v[..., :read, :]
+            x = layer_forward(layer, x, k, v, cross_keys[i], cross_values[i], allowed, index, n_head,
+                              self.products.attention)
         return layer_norm(x, self.final_ln)
 
     def prompt_at(self, tokens: Tensor, positions: Tensor, item: Tensor) -> Tensor:
@@ -246,16 +344,54 @@ class FixedStep:
         self.values.index_copy_(1, item, values)
         return hidden
 
+    def prompt(self, tokens: Tensor, item: int) -> Tensor:
+        """A window's prompt pass in batch item ``item`` alone, its rows together as every way of
+        opening a window has them (the CPU's batches); tokens, shape = (1, n) -> states, shape =
+        (1, n, n_state)."""
+        n, at = tokens.shape[1], slice(item, item + 1)
+        with rows_together():
+            return self._blocks(tokens, self.slots[:n][None], None, None, self.keys[:, at], self.values[:, at],
+                                [k[at] for k in self.cross_keys], [v[at] for v in self.cross_values], end=n)
+
     def rows(self, tokens: Tensor, positions: Tensor, first: int, stop: int) -> Tensor:
-        """One token for every batch item at its own position (the fixed shape: items [first, stop)
-        must be all of them); tokens, positions : shape = (batch,) -> states, shape = (batch, n_state)."""
-        return self.forward(tokens[:, None], positions[:, None])[:, 0]
+        """One token for each of batch items [first, stop), item b's at its own position (with fixed
+        shapes [first, stop) must be every item); tokens, positions : shape = (stop - first,) ->
+        states, shape = (stop - first, n_state)."""
+        if self.products.fixed_shapes:
+            return self.forward(tokens[:, None], positions[:, None])[:, 0]
+        at = slice(first, stop)
+        return self._blocks(tokens[:, None], positions[:, None], None, None, self.keys[:, at], self.values[:, at],
+                            [k[at] for k in self.cross_keys], [v[at] for v in self.cross_values])[:, 0]
+
+    def pass_at(self, tokens: Tensor, positions: Tensor, start: int, mask: Optional[Tensor]) -> Tensor:
+        """Rows written at slots [start, start + rows) of the one window, as the host's acceptance
+        feeds them (``loop.WindowDecoder``'s walk).
+
+        tokens    : shape = (1, rows); positions : shape = (rows,)
+        mask      : shape = (rows, start + rows) bool, where each row may attend; None for one row
+        returns   : shape = (1, rows, n_state), post-LayerNorm states
+        """
+        n = tokens.shape[1]
+        allowed = torch.zeros(1, n, self.n_ctx, dtype=torch.bool, device=self.device)
+        if mask is None:
+            allowed[:, :, :start + n] = True
+        else:
+            allowed[0, :, :mask.shape[1]] = mask
+        slots = torch.arange(start, start + n, device=self.device)[None]
+        return self._blocks(tokens, positions[None], allowed, slots, self.keys, self.values, self.cross_keys,
+                            self.cross_values, end=start + n)
 
     def logits(self, states: Tensor) -> Tensor:
-        """Vocabulary logits of states through the tied embedding, float32 as whisper returns them."""
-        return (states.to(self.dtype) @ self.vocabulary.T).float()
+        """The next-token logits of states, float32 as whisper returns them, by the products' vocabulary."""
+        return self.products.logits(states)
 
     def move_slots(self, dest: Tensor, src: Tensor) -> None:
         """Slots ``src`` copied to slots ``dest`` (a tree's accepted nodes follow the pending token)."""
         for cache in (self.keys, self.values):
             cache.index_copy_(3, dest, cache.index_select(3, src))
+
+    def compact(self, keep: List[int], start: int) -> None:
+        """Slots ``keep`` (ascending, from ``start``) moved to [start, start + len(keep))."""
+        if keep:
+            self.move_slots(torch.arange(start, start + len(keep), device=self.device),
+                            torch.tensor(keep, device=self.device))

@@ -10,7 +10,7 @@ called:
 
 - the encoder (inside the attempts, as whisper's ``decode`` runs it, but counted apart);
 - greedy attempts (temperature 0), and inside them the window's cross-attention keys and values
-  (``CpuStep.set_audio``), its prompt pass (the pass from slot 0), the later passes, the vocabulary
+  (``FixedStep.set_audio``), its prompt pass (the pass from slot 0), the later passes, the vocabulary
   projections; what is left of an attempt is the host's (whisper's rules, acceptance, the loop);
 - sampled attempts (the temperature fallback, ``best_of`` candidates), and inside them the
   candidates' decoder passes; what is left is the draws and the rules.
@@ -38,7 +38,7 @@ import torch
 import medusa_whisper
 from medusa_whisper.audio import vad
 from medusa_whisper.decoding import batches, candidates
-from medusa_whisper.step.cpu import CpuBatchStep, CpuStep
+from medusa_whisper.step.fixed import FixedStep
 from medusa_whisper.transcription import chunked, longform
 from tools import ROOT
 
@@ -74,16 +74,17 @@ class Clock:
 def instrument(model, clock: Clock) -> None:
     """Wrap the parts the module docstring lists (in this process only: a tool, not the package)."""
     model.encoder.forward = clock.timed(lambda *a, **k: "encoder", model.encoder.forward)
-    CpuStep.set_audio = clock.timed(lambda *a, **k: "greedy: cross keys and values", CpuStep.set_audio)
-    CpuStep.pass_at = clock.timed(lambda self, tokens, positions, start, mask: "greedy: prompt pass" if start == 0
-                                  else "greedy: later passes", CpuStep.pass_at)
-    CpuStep.logits = clock.timed(lambda *a, **k: "greedy: vocabulary", CpuStep.logits)
+    step = FixedStep  # the one step: a window's (batch 1) or the batch loop's
+    step.set_audio = clock.timed(lambda self, *a, **k: "greedy: cross keys and values" if self.batch == 1
+                                 else "batch: cross keys and values", step.set_audio)
+    step.pass_at = clock.timed(lambda self, tokens, positions, start, mask: "greedy: prompt pass" if start == 0
+                               else "greedy: later passes", step.pass_at)
+    step.logits = clock.timed(lambda self, *a, **k: "greedy: vocabulary" if self.batch == 1 else "batch: vocabulary",
+                              step.logits)
     candidates.CandidatesInference.next_logits = clock.timed(lambda *a, **k: "sampled: candidates' passes",
                                                              candidates.CandidatesInference.next_logits)
-    CpuBatchStep.set_audio = clock.timed(lambda *a, **k: "batch: cross keys and values", CpuBatchStep.set_audio)
-    CpuBatchStep.prompt = clock.timed(lambda *a, **k: "batch: prompt passes", CpuBatchStep.prompt)
-    CpuBatchStep.rows = clock.timed(lambda *a, **k: "batch: passes", CpuBatchStep.rows)
-    CpuBatchStep.logits = clock.timed(lambda *a, **k: "batch: vocabulary", CpuBatchStep.logits)
+    step.prompt = clock.timed(lambda *a, **k: "batch: prompt passes", step.prompt)
+    step.rows = clock.timed(lambda *a, **k: "batch: passes", step.rows)
     batches.BatchDecoder.run = clock.timed(lambda *a, **k: "batch loop", batches.BatchDecoder.run)
     chunked.speech_spans = clock.timed(lambda *a, **k: "VAD", vad.speech_spans)
     real_decode = longform.decode

@@ -124,7 +124,7 @@ class DeviceEagle(DeviceProposer):
         ``allowed`` (1, rows, cache slots)."""
         index = slots[:, None, :, None].expand(1, self.n_head, slots.shape[1], self.keys.shape[-1])
         x = layer_forward(self.layer, x, self.keys, self.values, self.cross_keys, self.cross_values,
-                          allowed[:, None], index, self.n_head)
+                          allowed, index, self.n_head)
         return layer_norm(x, self.ln)
 
     def _logprobs(self, features: Tensor) -> Tensor:
