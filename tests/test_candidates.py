@@ -128,7 +128,7 @@ def test_fallback_encodes_each_window_once(model):
 
 def test_an_int8_beam_runs_its_prompt_once_and_gets_the_numbers_of_every_copy(mel, monkeypatch):
     """best_of and beam_size repeat the prompt in every row; a converted model runs it once and
-    copies its keys and values to the others (candidates._CpuRows._prompt_once). Its numbers
+    copies its keys and values to the others (candidates._Rows._prompt_once). Its numbers
     are those of the pass over every copy up to the many-rows kernels' rounding: a prompt row's
     bfloat16 products round by its company (1 or 3 copies), measured up to 0.21 in a logit of 27
     on an Intel AMX CPU, so a beam meeting a near tie may part (it did there: two more tokens)."""
@@ -136,11 +136,11 @@ def test_an_int8_beam_runs_its_prompt_once_and_gets_the_numbers_of_every_copy(me
     from whisper.decoding import DecodingTask
     int8 = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
     firsts = []
-    real = candidates.decoder_hidden
-    monkeypatch.setattr(candidates, "decoder_hidden",
-                        lambda decoder, tokens, positions, cache, start, mask:
-                        (firsts.append(tokens.shape[0]) if start == 0 else None)
-                        or real(decoder, tokens, positions, cache, start, mask))
+    real = candidates.FixedStep._blocks
+    monkeypatch.setattr(candidates.FixedStep, "_blocks",
+                        lambda step, tokens, positions, *args, **kwargs:
+                        (firsts.append(tokens.shape[0]) if int(positions.min()) == 0 else None)
+                        or real(step, tokens, positions, *args, **kwargs))
     prompt = "the president spoke to the nation about"
     once = decode(int8, mel, beam_size=3, language="en", prompt=prompt)
     assert firsts == [1], "one prompt pass, over one copy"
@@ -152,7 +152,7 @@ def test_an_int8_beam_runs_its_prompt_once_and_gets_the_numbers_of_every_copy(me
         features = int8.embed_audio(mel[None]).repeat(3, 1, 1)
         for copies in ("once", "every"):
             if copies == "every":
-                monkeypatch.setattr(candidates._CpuRows, "_one_prompt", lambda self, new: False)
+                monkeypatch.setattr(candidates._Rows, "_one_prompt", lambda self, tokens, k: False)
             inference = candidates.CandidatesInference(int8, 3, products="cpu")
             logits.append(inference.next_logits(tokens, features, task.sot_index)[0])
     assert firsts[1:] == [1, 3]
@@ -161,7 +161,7 @@ def test_an_int8_beam_runs_its_prompt_once_and_gets_the_numbers_of_every_copy(me
 
 
 def test_int8_candidates_pass_together_with_each_rows_logits_up_to_rounding(mel, monkeypatch):
-    """A window's candidates are only ever computed together (candidates._CpuRows.next), so every
+    """A window's candidates are only ever computed together (candidates._Rows._pass), so every
     pass runs with its rows together (together.py): each row's logits are its own decoded alone up
     to the rounding of the products the rows share."""
     from medusa_whisper.decoding import candidates
@@ -171,8 +171,9 @@ def test_int8_candidates_pass_together_with_each_rows_logits_up_to_rounding(mel,
     tokens = torch.cat([torch.tensor([[50257, 50362]] * 4), torch.randint(0, 50256, (4, 6), generator=generator)], 1)
     features = int8.embed_audio(mel[None])
     seen = []
-    real = candidates.decoder_hidden
-    monkeypatch.setattr(candidates, "decoder_hidden", lambda *args: seen.append(together.together()) or real(*args))
+    real = candidates.FixedStep._blocks
+    monkeypatch.setattr(candidates.FixedStep, "_blocks",
+                        lambda *args, **kwargs: seen.append(together.together()) or real(*args, **kwargs))
 
     def fed(rows: torch.Tensor) -> list:
         inference = candidates.CandidatesInference(int8, rows.shape[0], products="cpu")

@@ -8,19 +8,18 @@ five candidates that first pass alone multiplies 1,000 rows by the 51,865-word e
 
 Here whisper's own ``DecodingTask`` still does everything that decides what is written (its token
 decoders, sampling, beam search with patience, logit filters, sum-logprob and length-penalty
-ranking, result fields); only the decoder passes are ours, one ``Inference`` over one of two sets
-of rows, a row per candidate:
+ranking, result fields); only the decoder passes are ours, one ``Inference`` over the one decoder
+step (``step.fixed.FixedStep``) with a batch item per candidate (``_Rows``), kept on the model for
+later windows: every pass after the prompt adds each row's last token at the one position all rows
+share (whisper's rows are always of one length), from static buffers into a static logits buffer;
+beam search's reordering gathers the filled slots in place. Over the step's products:
 
-- ``_CpuRows``, the CPU's products: one preallocated cache (``decoder.new_cache``) whose audio's
-  cross-attention keys and values are computed and stored once and read by all of its candidates
-  in one product (``decoder.cross_attention``); a converted model runs the prompt, which whisper
-  repeats in every row, once, and copies its keys and values; beam search's reordering is an
-  index_select of the cache rows (``StaticKVCache.reorder``);
-- ``_FixedRows``, the fixed-shape step (``step.fixed.FixedStep``, a batch item per row; CUDA, or
-  ``MEDUSA_WHISPER_STEP=fixed``): the prompt pass uncaptured, every later pass (each row's last
-  token at the one position all rows share, whisper's rows being always of one length) from
-  static buffers into a static logits buffer, captured once per rows count on CUDA and kept on the
-  model for later windows; the reordering gathers the filled slots in place.
+- the fixed-shape ones (CUDA, or ``MEDUSA_WHISPER_STEP=fixed``): the prompt pass uncaptured, every
+  later pass captured once per rows count on CUDA; each row reads its own copy of the audio's
+  cross-attention keys and values;
+- the CPU's: the audio's keys and values stored once and read by all of its candidates in one
+  product (``step.cpu.CpuAttention.cross_attention``); a converted model runs the prompt, which
+  whisper repeats in every row, once, and copies its keys and values.
 
 Both project only the two prompt positions whisper reads (the start-of-transcript token's, for the
 no-speech probability, and the last one's) and, for a Medusa model with a base head, the logits
@@ -52,8 +51,7 @@ from . import loop
 from .draws import multinomial_one
 from .rules import DeviceRules, whisper_rules_first
 from ..step.compute import compute_type_of
-from ..step.decoder import DecoderCache, decoder_hidden, new_cache, next_token_logits
-from ..step.attention import chain_mask
+from ..step.cpu import cpu_step
 from ..step.fixed import FixedStep
 from ..step.together import rows_together
 
@@ -65,74 +63,15 @@ def on_fixed_step(model: Whisper) -> bool:
     return loop.wanted(model.device) and loop.step_takes(model)
 
 
-class _CpuRows:
-    """The rows of one decoding on the CPU's products: a cache with a row per candidate."""
+class _Rows:
+    """The one step for ``rows`` sequences (``step.fixed.FixedStep``, a batch item per row) and the
+    buffers its later passes read and write: kept on the model between decodings (on CUDA its
+    graph with it)."""
 
-    def __init__(self, model: Whisper, rows_per_audio: int):
-        self.model, self.rows_per_audio = model, rows_per_audio
-        self.cache: Optional[DecoderCache] = None
-
-    def prompt(self, tokens: Tensor, audio_features: Tensor) -> Tensor:
-        """The prompt pass's states, shape = (rows, n, n_state), its rows only ever computed together."""
-        decoder = self.model.decoder
-        self.cache = new_cache(decoder, audio_features[:: self.rows_per_audio], self.rows_per_audio)
-        n = tokens.shape[1]
-        positions = torch.arange(n, device=tokens.device)
-        if self._one_prompt(tokens):
-            return self._prompt_once(tokens, positions)
-        with rows_together():
-            return decoder_hidden(decoder, tokens, positions, self.cache, 0, chain_mask(0, n, tokens.device))
-
-    def next(self, tokens: Tensor) -> Tensor:
-        """The next-token logits of every row's last token, shape = (rows, 1, n_vocab)."""
-        start = self.cache.length
-        new = tokens[:, start:]
-        n = new.shape[1]
-        positions = torch.arange(start, start + n, device=tokens.device)
-        # A window's candidates (best_of samples, beams) go through every pass together, in every
-        # way the window is decoded (alone; a fallback window of a batch is decoded alone too), as
-        # its prompt pass does: so their passes take the kernels made for rows computed together
-        # (together.py), e.g. one cross-attention product over the audio's keys for all candidates,
-        # where rows alone read its 1,500 keys once per candidate.
-        with rows_together():
-            hidden = decoder_hidden(self.model.decoder, new, positions, self.cache, start,
-                                    chain_mask(start, n, tokens.device))
-        return next_token_logits(self.model, hidden[:, -1:])
-
-    def _one_prompt(self, new: Tensor) -> bool:
-        """Whether the prompt pass's rows are one audio's candidates, all with the same prompt (whisper
-        repeats it best_of or beam_size times), in a converted model: there the prompt runs once
-        (``_prompt_once``). A float32 model computes every copy, as whisper does, so that its
-        sampled retries stay whisper's to the last bit."""
-        k = self.rows_per_audio
-        return (k > 1 and new.shape[0] == k and compute_type_of(self.model) != "float32"
-                and bool((new == new[:1]).all()))
-
-    def _prompt_once(self, new: Tensor, positions: Tensor) -> Tensor:
-        """The prompt pass over one copy of the prompt, its keys and values then copied to every
-        candidate's slots: best_of 5 paid five prompt passes of up to 224 rows (0.45 s of base int8
-        on one core) for one set of numbers."""
-        n = new.shape[1]
-        one = self.cache.batch_items(0, 1)
-        with rows_together():
-            hidden = decoder_hidden(self.model.decoder, new[:1], positions, one, 0, chain_mask(0, n, new.device))
-        self.cache.self_attn.reorder(torch.zeros(self.rows_per_audio, dtype=torch.long, device=new.device))
-        self.cache.self_attn.length = n
-        return hidden.expand(self.rows_per_audio, -1, -1)
-
-    def logits(self, states: Tensor) -> Tensor:
-        return next_token_logits(self.model, states)
-
-    def reorder(self, index: Tensor) -> None:
-        self.cache.self_attn.reorder(index)
-
-
-class _FixedRows:
-    """A fixed-shape step for ``rows`` sequences and the static buffers its pass reads and writes:
-    kept on the model between decodings (its CUDA graph with it)."""
-
-    def __init__(self, model, rows: int, residual: torch.dtype, device: torch.device):
-        self.step = FixedStep(model, rows, residual, device)
+    def __init__(self, model, rows: int, residual: torch.dtype, device: torch.device, products: str):
+        self.model = model
+        self.step = FixedStep(model, rows, residual, device) if products == "fixed" else cpu_step(
+            model, rows, residual, device)
         self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.out = torch.zeros(rows, self.step.vocabulary.shape[0], dtype=torch.float32, device=device)
@@ -142,18 +81,41 @@ class _FixedRows:
 
     def prompt(self, tokens: Tensor, audio_features: Tensor, rows_per_audio: int) -> Tensor:
         """The prompt pass's states, shape = (rows, n, n_state), uncaptured (its length is the
-        prompt's); the audio's cross-attention keys and values computed once and copied to its rows."""
+        prompt's), its rows together; the audio's cross-attention keys and values computed once."""
         k = rows_per_audio
         # one row per audio (whisper repeats only the tokens), or one per row (repeated)
         audio = audio_features if audio_features.shape[0] * k == tokens.shape[0] else audio_features[::k]
         self.step.set_audio(audio, repeat=k)
         n = tokens.shape[1]
         self.length = n
-        return self.step(tokens, torch.arange(n, device=tokens.device).expand(tokens.shape[0], n))
+        positions = torch.arange(n, device=tokens.device)
+        with rows_together():
+            if self._one_prompt(tokens, k):
+                return self._prompt_once(tokens, positions)
+            return self.step(tokens, positions.expand(tokens.shape[0], n))
+
+    def _one_prompt(self, tokens: Tensor, k: int) -> bool:
+        """Whether the prompt pass's rows are one audio's candidates, all with the same prompt (whisper
+        repeats it best_of or beam_size times), on the CPU's products of a converted model: there the
+        prompt runs once (``_prompt_once``). A float32 model computes every copy, as whisper does, so
+        that its sampled retries stay whisper's to the last bit."""
+        return (not self.step.products.fixed_shapes and k > 1 and tokens.shape[0] == k
+                and compute_type_of(self.model) != "float32" and bool((tokens == tokens[:1]).all()))
+
+    def _prompt_once(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """The prompt pass over one copy of the prompt, its keys and values then copied to every
+        candidate's slots: best_of 5 paid five prompt passes of up to 224 rows (0.45 s of base int8
+        on one core) for one set of numbers."""
+        step, n = self.step, tokens.shape[1]
+        hidden = step._blocks(tokens[:1], positions[None], None, None, step.keys[:, :1], step.values[:, :1],
+                              step.cross_keys, step.cross_values, end=n)
+        self.reorder(torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device))
+        return hidden.expand(tokens.shape[0], -1, -1)
 
     def next(self, tokens: Tensor) -> Tensor:
-        """The next-token logits of every row's last token, shape = (rows, 1, n_vocab): the static
-        buffer the next pass overwrites (whisper's filters and token decoders use it before then)."""
+        """The next-token logits of every row's last token, shape = (rows, 1, n_vocab): with fixed
+        shapes the static buffer the next pass overwrites (whisper's filters and token decoders use
+        it before then)."""
         if tokens.shape[1] != self.length + 1:
             raise ValueError(f"a pass adds one token per row: {self.length} in the cache, {tokens.shape[1]} given")
         self.tokens.copy_(tokens[:, -1:])
@@ -163,26 +125,35 @@ class _FixedRows:
         return self.out[:, None]
 
     def _pass(self) -> None:
-        """Every row's last token at its position; the next-token logits into ``self.out``."""
-        hidden = self.step(self.tokens, self.positions)
-        self.out.copy_(self.step.logits(hidden[:, 0]))
+        """Every row's last token at its position; the next-token logits into ``self.out``. A
+        window's candidates (best_of samples, beams) go through every pass together, in every way
+        the window is decoded, as its prompt pass does: so their passes take the kernels made for
+        rows computed together (together.py), e.g. one cross-attention product over the audio's keys
+        for all candidates, where rows alone read its 1,500 keys once per candidate."""
+        if self.step.products.fixed_shapes:  # into the buffer a captured pass writes (no context to trace)
+            self.out.copy_(self.step.logits(self.step(self.tokens, self.positions)[:, 0]))
+            return
+        with rows_together():
+            self.out = self.step.logits(self.step(self.tokens, self.positions)[:, 0])
 
     def program(self) -> Callable[[], None]:
-        """The pass as a callable: captured (CUDA) or compiled (``MEDUSA_WHISPER_STEP=compiled``) on
-        first use. The warm-up runs it for real: it writes the cache slot the pass writes anyway."""
+        """The pass as a callable: with fixed shapes, captured (CUDA) or compiled
+        (``MEDUSA_WHISPER_STEP=compiled``) on first use. The warm-up runs it for real: it writes the
+        cache slot the pass writes anyway."""
         if self.run is None:
             device = self.step.device
             capture = device.type == "cuda"
             self.run = self._pass
-            if capture or loop.step_choice() == "compiled":
+            if self.step.products.fixed_shapes and (capture or loop.step_choice() == "compiled"):
                 self.run = loop.program(self._pass, device if capture else torch.device("cpu"), (),
-                                                  self.graphs)
+                                        self.graphs)
         return self.run
 
     def logits(self, states: Tensor) -> Tensor:
         return self.step.logits(states)
 
     def reorder(self, index: Tensor) -> None:
+        """Row b's slots become row ``index[b]``'s (beam search keeps the best beams, some of them twice)."""
         for cache in (self.step.keys, self.step.values):  # (layer, row, head, slot, d): the filled slots only
             filled = cache[:, :, :, : self.length]
             filled.copy_(filled.index_select(1, index))
@@ -203,11 +174,12 @@ class CandidatesInference(Inference):
         self.rows = None  # this decoding's rows, made on its prompt pass
         self.passes = 0
 
-    def _fixed_rows(self, batch: int, audio_features: Tensor) -> _FixedRows:
-        steps = self.model.__dict__.setdefault("fixed_candidate_steps", {})  # not a submodule: no state dict
+    def _rows(self, batch: int, audio_features: Tensor) -> _Rows:
+        # per products ("fixed_candidate_steps", "cpu_candidate_steps"); not a submodule: no state dict
+        steps = self.model.__dict__.setdefault(f"{self.products}_candidate_steps", {})
         key = (audio_features.device, audio_features.dtype, batch, loop.step_choice())
         if key not in steps:
-            steps[key] = _FixedRows(self.model, batch, audio_features.dtype, audio_features.device)
+            steps[key] = _Rows(self.model, batch, audio_features.dtype, audio_features.device, self.products)
         return steps[key]
 
     def _logits(self, tokens: Tensor, audio_features: Tensor, wanted: Optional[List[int]]) -> Tensor:
@@ -216,12 +188,8 @@ class CandidatesInference(Inference):
         self.passes += 1
         if self.rows is not None:
             return self.rows.next(tokens)
-        if self.products == "fixed":
-            self.rows = self._fixed_rows(tokens.shape[0], audio_features)
-            hidden = self.rows.prompt(tokens, audio_features, self.rows_per_audio)
-        else:
-            self.rows = _CpuRows(self.model, self.rows_per_audio)
-            hidden = self.rows.prompt(tokens, audio_features)
+        self.rows = self._rows(tokens.shape[0], audio_features)
+        hidden = self.rows.prompt(tokens, audio_features, self.rows_per_audio)
         return self.rows.logits(hidden if wanted is None else hidden[:, wanted])
 
     def logits(self, tokens: Tensor, audio_features: Tensor) -> Tensor:

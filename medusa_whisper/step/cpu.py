@@ -31,34 +31,46 @@ import torch
 from torch import Tensor, nn
 
 from .attention import attended_slots, invariant_attention, invariant_dtype, row_invariant
-from .decoder import _attention, cross_cache, linear as routed_linear, next_token_logits, self_attention_qkv
-from .fixed import FixedStep, Layer, UnsupportedStep, norm_product, product_dtype
+from .decoder import _attention, cross_cache, linear as routed_linear, next_token_logits, norm as whisper_norm, self_attention_qkv
+from .fixed import FixedStep, Layer, UnsupportedStep, heads, product_dtype
 from .together import together
 
 
 @dataclass
 class Visible:
     """A pass's mask, (batch, rows, slots), with what the fused kernel needs of it read once on the
-    host: how many slots each row sees, and whether they are the first ones (a chain's prefix)."""
+    host: how many slots each row sees, whether they are the first ones (a chain's prefix), and
+    whether every batch item has the same mask (a window's candidates)."""
 
     mask: Tensor
     counts: List[List[int]]
     prefix: List[List[bool]]
+    shared: bool
 
     @classmethod
     def of(cls, mask: Tensor) -> "Visible":
         counts = mask.sum(-1)
         prefix = (mask == (torch.arange(mask.shape[-1], device=mask.device) < counts[..., None])).all(-1)
-        return cls(mask, counts.tolist(), prefix.tolist())
+        return cls(mask, counts.tolist(), prefix.tolist(), bool((mask == mask[:1]).all()))
 
     def seen(self, keys: Tensor, values: Tensor, item: int, row: int) -> Tuple[Tensor, Tensor]:
         """The keys and values row ``row`` of batch item ``item`` sees, in order; keys, values :
-        (1, n_head, slots, d_head), the item's."""
+        (items, n_head, slots, d_head), of ``item`` or of items with its mask."""
         if self.prefix[item][row]:
             n = self.counts[item][row]
             return keys[:, :, :n], values[:, :, :n]
         index = self.mask[item, row].nonzero()[:, 0]  # a tree: the cached prefix and this row's ancestors
         return keys.index_select(2, index), values.index_select(2, index)
+
+
+def _groups(batch: int, shared: bool) -> List[slice]:
+    """The batch items the fused kernel takes in one call: all of them where their rows are only
+    computed together (a window's candidates, ``together.rows_together``) and see the same slots;
+    else one at a time, since that kernel gives a row other bits beside other items (streams of a
+    batch must get their bits alone)."""
+    if batch == 1 or (shared and together()):
+        return [slice(0, batch)]
+    return [slice(b, b + 1) for b in range(batch)]
 
 
 class CpuAttention:
@@ -75,37 +87,64 @@ class CpuAttention:
         with its rows' visible slots read once otherwise."""
         return allowed if self.invariant else Visible.of(allowed)
 
+    def where(self, slots: Tensor, start: Optional[int], n_head: int, d_head: int) -> Tuple[Tensor, Optional[int]]:
+        return slots, start
+
+    def write(self, keys: Tensor, values: Tensor, k: Tensor, v: Tensor, where: Tuple[Tensor, Optional[int]],
+              n_head: int) -> None:
+        """New rows' keys and values, (batch, rows, n_state), into the cache: a slot range where the
+        rows are consecutive from ``start``, else by index (``scatter_`` into a bfloat16 cache
+        costs about 400 us here, an indexed write 12, a range 3.5)."""
+        slots, start = where
+        batch, rows, _ = k.shape
+        if start is not None:
+            keys[:, :, start:start + rows] = heads(k, n_head)
+            values[:, :, start:start + rows] = heads(v, n_head)
+            return
+        items = torch.arange(batch, device=slots.device)[:, None]
+        keys[items, :, slots] = k.view(batch, rows, n_head, -1).to(keys.dtype)  # index_put does not cast
+        values[items, :, slots] = v.view(batch, rows, n_head, -1).to(values.dtype)
+
     def self_attention(self, q: Tensor, keys: Tensor, values: Tensor, allowed, n_head: int) -> Tensor:
         if self.invariant:
             return invariant_attention(q, keys, values, n_head, allowed, slots=self.n_ctx)
         alone = q.shape[1] == 1 or (self.rows_alone and not together())
         outs = []
-        for b in range(q.shape[0]):
-            k, v = keys[b:b + 1], values[b:b + 1]
+        for at in _groups(q.shape[0], allowed.shared):
+            first, k, v = at.start, keys[at], values[at]
             if alone:
-                rows = [_attention(q[b:b + 1, i:i + 1], *allowed.seen(k, v, b, i), n_head, None)
+                rows = [_attention(q[at, i:i + 1], *allowed.seen(k, v, first, i), n_head, None)
                         for i in range(q.shape[1])]
                 outs.append(rows[0] if len(rows) == 1 else torch.cat(rows, dim=1))
             else:
-                outs.append(_attention(q[b:b + 1], k, v, n_head, allowed.mask[b]))
+                outs.append(_attention(q[at], k, v, n_head, allowed.mask[first]))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def cross_attention(self, q: Tensor, keys: Tensor, values: Tensor, n_head: int) -> Tensor:
+        """Queries of (batch, rows, n_state) over the keys and values of ``keys.shape[0]`` audios:
+        where there are fewer audios than items (a window's candidates), each audio's items are
+        its queries side by side (cross-attention has no mask), so its keys are stored and read
+        once a pass, not once per candidate."""
+        audios = keys.shape[0]
+        if q.shape[0] != audios:
+            items, n, n_state = q.shape
+            out = self.cross_attention(q.reshape(audios, (items // audios) * n, n_state), keys, values, n_head)
+            return out.reshape(items, n, n_state)
         if self.invariant:
             return invariant_attention(q, keys, values, n_head, None)
         alone = q.shape[1] > 1 and self.cross_rows_alone and not together()
         outs = []
-        for b in range(q.shape[0]):
-            k, v = keys[b:b + 1], values[b:b + 1]
+        for at in _groups(q.shape[0], True):
+            k, v = keys[at], values[at]
             if alone:
-                outs.append(torch.cat([_attention(q[b:b + 1, i:i + 1], k, v, n_head, None)
-                                       for i in range(q.shape[1])], dim=1))
+                outs.append(torch.cat([_attention(q[at, i:i + 1], k, v, n_head, None) for i in range(q.shape[1])],
+                                      dim=1))
             else:
-                outs.append(_attention(q[b:b + 1], k, v, n_head, None))
+                outs.append(_attention(q[at], k, v, n_head, None))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def cpu_layer(block: nn.Module, residual: torch.dtype) -> Layer:
+def cpu_layer(block: nn.Module) -> Layer:
     """A whisper ``ResidualAttentionBlock`` with its own (converted) modules as the products."""
     attn, cross, mlp = block.attn, block.cross_attn, block.mlp
     if not (isinstance(mlp, nn.Sequential) and len(mlp) == 3 and isinstance(mlp[1], nn.GELU)):
@@ -114,11 +153,13 @@ def cpu_layer(block: nn.Module, residual: torch.dtype) -> Layer:
     def routed(module: nn.Module):
         return functools.partial(routed_linear, module)
 
-    return Layer(attn_ln=norm_product(block.attn_ln, residual), qkv=functools.partial(self_attention_qkv, attn),
-                 out=routed(attn.out), cross_ln=norm_product(block.cross_attn_ln, residual),
-                 cross_query=routed(cross.query), cross_out=routed(cross.out), cross_key=routed(cross.key),
-                 cross_value=routed(cross.value), mlp_ln=norm_product(block.mlp_ln, residual),
-                 fc1=routed(mlp[0]), fc2=routed(mlp[2]))
+    def norm(ln: nn.Module):  # whisper's LayerNorm: in float32 for another residual dtype
+        return functools.partial(whisper_norm, ln)
+
+    return Layer(attn_ln=norm(block.attn_ln), qkv=functools.partial(self_attention_qkv, attn),
+                 out=routed(attn.out), cross_ln=norm(block.cross_attn_ln), cross_query=routed(cross.query),
+                 cross_out=routed(cross.out), cross_key=routed(cross.key), cross_value=routed(cross.value),
+                 mlp_ln=norm(block.mlp_ln), fc1=routed(mlp[0]), fc2=routed(mlp[2]))
 
 
 class CpuProducts:
@@ -131,13 +172,21 @@ class CpuProducts:
         first = decoder.blocks[0]
         self.model, self.blocks = model, decoder.blocks
         self.dtype = product_dtype(decoder, residual)  # what the in-pass proposers' own products run in
-        self.layers: List[Layer] = [cpu_layer(block, residual) for block in decoder.blocks]
+        self.layers: List[Layer] = [cpu_layer(block) for block in decoder.blocks]
         # what the proposers that draft in the pass read (drafting/device): the tied vocabulary
         self.vocabulary = decoder.token_embedding.weight.detach().to(self.dtype)
+        self.embedding = decoder.token_embedding.weight.detach().to(residual)
+        self.positional = decoder.positional_embedding.detach().to(residual)
+        self.decoder, self.residual = decoder, residual
+        self.final_ln = functools.partial(whisper_norm, decoder.ln)
         self.attention = CpuAttention(first, decoder.positional_embedding.shape[0])
         self.cache_dtype = invariant_dtype(first.attn) if row_invariant(first.attn) else residual
         self.cross_dtype = invariant_dtype(first.cross_attn) if row_invariant(first.cross_attn) else residual
         self.n_head = first.attn.n_head
+
+    def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """Token and position embeddings summed in the model's dtype, then in the residual's."""
+        return (self.decoder.token_embedding(tokens) + self.decoder.positional_embedding[positions]).to(self.residual)
 
     def slots_read(self, end: int, n_ctx: int) -> int:
         """The slots a pass ending at slot ``end`` attends: exactly those for the fused kernel, rounded

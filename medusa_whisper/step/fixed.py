@@ -84,21 +84,24 @@ def linear(x: Tensor, product: Linear):
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
-def layer_norm(x: Tensor, norm: Product) -> Tensor:
+def layer_norm(x: Tensor, norm: Linear) -> Tensor:
+    """A LayerNorm given as its weight and bias, or as a function of x (the CPU's: whisper's own)."""
+    if not isinstance(norm, tuple):
+        return norm(x)
     return F.layer_norm(x, (x.shape[-1],), norm[0], norm[1])
 
 
 @dataclass
 class Layer:
-    attn_ln: Product
+    attn_ln: Linear
     qkv: Linear  # query, key, value in one product (whisper's key has no bias: zeros)
     out: Linear
-    cross_ln: Product
+    cross_ln: Linear
     cross_query: Linear
     cross_out: Linear
     cross_key: Linear  # for set_audio
     cross_value: Linear
-    mlp_ln: Product
+    mlp_ln: Linear
     fc1: Linear
     fc2: Linear
 
@@ -126,26 +129,28 @@ def layer_products(block: nn.Module, residual: torch.dtype, dtype: torch.dtype) 
 
 
 def layer_forward(layer: Layer, x: Tensor, keys: Tensor, values: Tensor, cross_keys: Tensor,
-                  cross_values: Tensor, allowed: Tensor, index: Tensor, n_head: int,
-                  attention: "Attention" = None) -> Tensor:
+                  cross_values: Tensor, allowed: Tensor, index, n_head: int,
+                  attention: "Attention" = None, read: Optional[int] = None) -> Tensor:
     """One residual block over new rows at fixed shapes: their keys and values are written into
-    ``keys``/``values`` at ``index`` (slots), then the slots are attended where ``allowed``.
+    ``keys``/``values`` at their slots (``index``), then the slots are attended where ``allowed``.
 
     x                       : shape = (batch, rows, n_state), the residual stream
-    keys, values            : shape = (batch, n_head, slots, d_head), this block's cache (or its first
-                              slots), written in place
+    keys, values            : shape = (batch, n_head, slots, d_head), this block's cache, written in place
     cross_keys, cross_values: shape = (batch, n_head, n_audio_ctx, d_head)
     allowed                 : shape = (batch, rows, slots) bool
-    index                   : shape = (batch, n_head, rows, d_head), the rows' slots
+    index                   : the rows' slots as ``attention.where`` gives them (the fused kernel's:
+                              shape = (batch, n_head, rows, d_head), for ``scatter_``)
     attention               : how the products attend (default: PyTorch's fused kernel, ``Attention``)
+    read                    : the first slots attended (``allowed`` covers them); None: every slot
     """
     attention = attention or FUSED
     batch, rows, n_state = x.shape
     h = layer_norm(x, layer.attn_ln)
     qkv = linear(h, layer.qkv)
     q, k, v = qkv if isinstance(qkv, tuple) else qkv.split(n_state, dim=-1)
-    keys.scatter_(2, index, heads(k, n_head).to(keys.dtype))
-    values.scatter_(2, index, heads(v, n_head).to(values.dtype))
+    attention.write(keys, values, k, v, index, n_head)
+    if read is not None:  # after the writes: a slot range is a strided view, which scatter_ would copy whole
+        keys, values = keys[..., :read, :], values[..., :read, :]
     x = x + linear(attention.self_attention(q, keys, values, allowed, n_head), layer.out)
     h = layer_norm(x, layer.cross_ln)
     x = x + linear(attention.cross_attention(linear(h, layer.cross_query), cross_keys, cross_values, n_head),
@@ -174,6 +179,17 @@ class Attention:
     def prepare(self, allowed: Tensor) -> Tensor:
         """What the self-attention takes for a pass's mask, made once per pass: the mask itself."""
         return allowed
+
+    def where(self, slots: Tensor, start: Optional[int], n_head: int, d_head: int) -> Tensor:
+        """What ``write`` takes for the rows' slots (batch, rows), made once per pass: a ``scatter_``
+        index (``start``, the first slot where the rows' are consecutive from it, is the CPU's)."""
+        batch, rows = slots.shape
+        return slots[:, None, :, None].expand(batch, n_head, rows, d_head)
+
+    def write(self, keys: Tensor, values: Tensor, k: Tensor, v: Tensor, index: Tensor, n_head: int) -> None:
+        """New rows' keys and values, (batch, rows, n_state), into the cache at their slots."""
+        keys.scatter_(2, index, heads(k, n_head).to(keys.dtype))
+        values.scatter_(2, index, heads(v, n_head).to(values.dtype))
 
     def self_attention(self, q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor, n_head: int) -> Tensor:
         return merged(F.scaled_dot_product_attention(heads(q, n_head), keys, values, attn_mask=allowed[:, None]))
@@ -208,7 +224,14 @@ class DenseProducts:
         self.dtype = product_dtype(decoder, residual)
         self.layers: List[Layer] = [layer_products(block, residual, self.dtype) for block in decoder.blocks]
         self.vocabulary = decoder.token_embedding.weight.detach().to(self.dtype).contiguous()
+        self.embedding = decoder.token_embedding.weight.detach().to(residual).contiguous()
+        self.positional = decoder.positional_embedding.detach().to(residual).contiguous()
+        self.final_ln = norm_product(decoder.ln, residual)
         self.cache_dtype = self.cross_dtype = residual
+
+    def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """The residual stream's first value: token and position embeddings, in its dtype."""
+        return self.embedding[tokens] + self.positional[positions]
 
     def slots_read(self, end: int, n_ctx: int) -> int:
         return n_ctx
@@ -244,9 +267,10 @@ class FixedStep:
         self.n_ctx = decoder.positional_embedding.shape[0]
         self.n_audio_ctx = model.dims.n_audio_ctx
         self.layers: List[Layer] = self.products.layers
-        self.embedding = decoder.token_embedding.weight.detach().to(residual).contiguous()
-        self.positional = decoder.positional_embedding.detach().to(residual).contiguous()
-        self.final_ln = norm_product(decoder.ln, residual)
+        # the tied embedding and the positions' in the residual dtype (in-pass proposers read them)
+        self.embedding = self.products.embedding
+        self.positional = self.products.positional
+        self.final_ln = self.products.final_ln
         self.vocabulary = self.products.vocabulary  # (its rows: the vocabulary's size)
         d_head = self.n_state // self.n_head
         n_layer = len(self.layers)
@@ -254,34 +278,45 @@ class FixedStep:
         self.keys = torch.zeros(n_layer, batch, self.n_head, self.n_ctx, d_head, dtype=self.products.cache_dtype,
                                 device=device)
         self.values = torch.zeros_like(self.keys)
-        # the cross-attention's, per layer (batch, n_head, n_audio_ctx, d_head); zeros before any
-        # window's, so that a pass can be timed (loop.pass_seconds). The CPU's one window takes the
-        # tensors set_audio computes instead (no graph replays these)
-        self.cross_keys: Sequence[Tensor] = torch.zeros(n_layer, batch, self.n_head, self.n_audio_ctx, d_head,
-                                                        dtype=self.products.cross_dtype, device=device)
-        self.cross_values: Sequence[Tensor] = torch.zeros_like(self.cross_keys)
+        # the cross-attention's, per layer (batch, n_head, n_audio_ctx, d_head): zeros before any
+        # window's, so that a pass can be timed (loop.pass_seconds). On the CPU a window's (or a
+        # window's candidates') are the tensors set_audio computes, and a batch's are made on its
+        # first item's
+        self.cross_keys: Optional[Sequence[Tensor]] = None
+        self.cross_values: Optional[Sequence[Tensor]] = None
+        if self.products.fixed_shapes or batch == 1:
+            self._new_cross()
         self.slots = torch.arange(self.n_ctx, device=device)
+
+    def _new_cross(self) -> None:
+        d_head = self.n_state // self.n_head
+        self.cross_keys = torch.zeros(len(self.layers), self.batch, self.n_head, self.n_audio_ctx, d_head,
+                                      dtype=self.products.cross_dtype, device=self.device)
+        self.cross_values = torch.zeros_like(self.cross_keys)
 
     @torch.no_grad()
     def set_audio(self, features: Tensor, item: Optional[int] = None, repeat: int = 1) -> None:
         """Fill the cross-attention buffers from windows' encoder output, shape = (batch / repeat,
         n_audio_ctx, n_audio_state), or (1, ...) for batch item ``item`` alone. ``repeat``
         consecutive items share each window (best_of candidates, beams): its keys and values are
-        computed once and copied to them. In place with fixed shapes: a captured graph keeps reading
-        the same buffers. The CPU's products start the items' self-attention slots at zero, as a
-        fresh cache has them."""
+        computed once, and copied to them with fixed shapes (in place: a captured graph keeps
+        reading the same buffers); the CPU's products keep one copy, which the window's items read
+        together (``CpuAttention.cross_attention``), and start the items' self-attention slots at
+        zero, as a fresh cache has them."""
         features = features.to(self.residual)
         at = slice(None) if item is None else slice(item, item + 1)
         keys, values = self.products.cross(features, self.n_head)
-        if repeat > 1:
-            keys = [k.repeat_interleave(repeat, dim=0) for k in keys]
-            values = [v.repeat_interleave(repeat, dim=0) for v in values]
         if not self.products.fixed_shapes:
             self.keys[:, at].zero_()
             self.values[:, at].zero_()
-            if self.batch == 1:
+            if item is None:
                 self.cross_keys, self.cross_values = keys, values
                 return
+            if self.cross_keys is None or self.cross_keys[0].shape[0] != self.batch:
+                self._new_cross()
+        elif repeat > 1:
+            keys = [k.repeat_interleave(repeat, dim=0) for k in keys]
+            values = [v.repeat_interleave(repeat, dim=0) for v in values]
         for i in range(len(self.layers)):
             self.cross_keys[i][at].copy_(keys[i])
             self.cross_values[i][at].copy_(values[i])
@@ -310,26 +345,24 @@ class FixedStep:
     def _blocks(self, tokens: Tensor, positions: Tensor, mask: Optional[Tensor], slots: Optional[Tensor],
                 keys: Tensor, values: Tensor, cross_keys: Sequence[Tensor], cross_values: Sequence[Tensor],
                 end: Optional[int] = None) -> Tensor:
-        """``forward`` over caches of shape (n_layer, batch, ...), written in place. ``end``: the
-        slot after the last one written (the CPU's products attend up to it; read from ``slots``
-        when not given)."""
+        """``forward`` over caches of shape (n_layer, batch, ...), written in place. ``end``: where
+        the rows' slots are consecutive up to it, the slot after the last (the CPU's products attend
+        up to it; read from ``slots`` when not given)."""
         batch, rows = tokens.shape
         n_state, n_head = self.n_state, self.n_head
-        x = self.embedding[tokens] + self.positional[positions]
+        x = self.products.embed(tokens, positions)
         allowed = self.chain_mask(positions) if mask is None else mask  # (batch, rows, n_ctx)
         slots = positions if slots is None else slots
-        index = slots[:, None, :, None].expand(batch, n_head, rows, n_state // n_head)
+        index = self.products.attention.where(slots, None if end is None else end - rows, n_head, n_state // n_head)
         read = self.n_ctx
         if not self.products.fixed_shapes:  # the slots up to the pass's end (a host read), not every one
             read = self.products.slots_read(int(slots.max()) + 1 if end is None else end, self.n_ctx)
             allowed = allowed[..., :read]
         allowed = self.products.attention.prepare(allowed)
+        read = read if read < self.n_ctx else None
         for i, layer in enumerate(self.layers):
-            k, v = keys[i], values[i]
-            if read < self.n_ctx:
-                k, v = k[..., :read, :], v[..., :read, :]
-            x = layer_forward(layer, x, k, v, cross_keys[i], cross_values[i], allowed, index, n_head,
-                              self.products.attention)
+            x = layer_forward(layer, x, keys[i], values[i], cross_keys[i], cross_values[i], allowed, index, n_head,
+                              self.products.attention, read)
         return layer_norm(x, self.final_ln)
 
     def prompt_at(self, tokens: Tensor, positions: Tensor, item: Tensor) -> Tensor:
