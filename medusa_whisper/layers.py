@@ -50,9 +50,9 @@ LAYERS: Tuple[Layer, ...] = (
                            "linears, and the decoder's projection for its compute type)",
           ("medusa_whisper.step.compute",)),
     Layer("step", "step/: the one decoder step (fixed.FixedStep) over dense products (what CUDA graphs replay) "
-                  "or the CPU's (cpu.CpuProducts); decoder: whisper's decoder with explicit positions, slots and "
-                  "masks, for the candidates' rows and the draft heads' blocks; drafting/heads: the Medusa head modules",
-          ("medusa_whisper.step.decoder", "medusa_whisper.step.fixed", "medusa_whisper.step.cpu",
+                  "or the CPU's (cpu.CpuProducts, and cpu.CpuBlock for a draft head's block); drafting/heads: the Medusa "
+                  "head modules",
+          ("medusa_whisper.step.fixed", "medusa_whisper.step.cpu",
            "medusa_whisper.drafting.heads")),
     Layer("drafters", "drafting/: draft head modules, the proposers (on the host, and inside the fixed-shape pass: "
                       "drafting.device), and the one factory that builds a proposer from the options; draft_head "

@@ -40,3 +40,23 @@ def with_heads(base: MedusaWhisper, config: MedusaConfig) -> MedusaWhisper:
     model = MedusaWhisper(base.dims, config)
     model.load_whisper_state_dict(base.state_dict())
     return model.to(base.device).eval()
+
+
+def window_step(model, audio):
+    """The package's decoder step over the CPU's products, for one window of encoder output ``audio``."""
+    from medusa_whisper.step.cpu import cpu_step
+
+    step = cpu_step(model, 1, audio.dtype, audio.device)
+    step.set_audio(audio)
+    return step
+
+
+def feed(step, tokens, start, positions=None, mask=None):
+    """Rows ``tokens`` written at slots [start, start + n): a chain at those positions unless
+    ``positions`` and ``mask`` (n, start + n) say otherwise; their post-LayerNorm states (1, n, d)."""
+    from medusa_whisper.step.attention import chain_mask
+
+    n = len(tokens)
+    positions = torch.arange(start, start + n) if positions is None else positions
+    mask = chain_mask(start, n, "cpu") if mask is None else mask
+    return step.pass_at(torch.tensor([list(tokens)]), positions, start, mask)

@@ -7,9 +7,9 @@ import torch
 import whisper
 
 import medusa_whisper
-from medusa_whisper.step.decoder import decoder_hidden, new_cache
 from medusa_whisper.decoding.window import decode
-from medusa_whisper.step.attention import chain_mask
+
+from helpers import feed, window_step
 
 JFK = Path(__file__).parent / "data" / "real" / "jfk.flac"
 
@@ -96,15 +96,16 @@ def test_int8_beam_of_one_is_int8_greedy(mel):
 def test_rows_of_one_audio_read_its_keys_once_and_match_rows_alone(model, mel):
     """Three sequences of one audio in one cache (cross keys and values stored once) give each the
     states it gets decoded alone."""
-    decoder = model.decoder
+    from medusa_whisper.step.cpu import cpu_step
+
     features = model.embed_audio(mel[None])
-    shared = new_cache(decoder, features, rows_per_audio=3)
-    assert shared.cross_attn.keys[0].shape[0] == 1 and shared.self_attn.keys.shape[1] == 3
+    shared = cpu_step(model, 3)
+    shared.set_audio(features, repeat=3)
+    assert shared.cross_keys[0].shape[0] == 1 and shared.keys.shape[1] == 3
     prompts = torch.tensor([[50257, 50362, 440], [50257, 50362, 1081], [50257, 50362, 50363]])
-    together = decoder_hidden(decoder, prompts, torch.arange(3), shared, 0, chain_mask(0, 3, "cpu"))
+    together = shared(prompts, torch.arange(3).expand(3, 3))
     for row in range(3):
-        alone = decoder_hidden(decoder, prompts[row:row + 1], torch.arange(3), new_cache(decoder, features), 0,
-                               chain_mask(0, 3, "cpu"))
+        alone = feed(window_step(model, features), prompts[row].tolist(), 0)
         torch.testing.assert_close(together[row:row + 1], alone, rtol=1e-4, atol=1e-4)
 
 

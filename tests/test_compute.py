@@ -14,7 +14,7 @@ from medusa_whisper.checkpoints import weights
 from medusa_whisper.cli import main
 from medusa_whisper.step.compute import (ComputeTypeError, HalfLinear, Int8Linear, apply_compute_type,
                                          check_compute_type, cpu_has_bfloat16)
-from medusa_whisper.step.decoder import project
+from medusa_whisper.step.projection import project
 from medusa_whisper.step.projection import Int8Projection
 
 from helpers import random_model, randomize_heads, with_heads
@@ -65,11 +65,11 @@ def test_the_weight_only_product_is_the_bfloat16_product_scaled_in_float32(shape
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_pass_norms_as_whisper_norms(dtype):
-    """decoder.norm calls the LayerNorm's kernel directly where whisper's casts would return their input:
+    """cpu.norm calls the LayerNorm's kernel directly where whisper's casts would return their input:
     the same bits as whisper's LayerNorm, and whisper's own call for other dtypes."""
     from whisper.model import LayerNorm
 
-    from medusa_whisper.step.decoder import norm
+    from medusa_whisper.step.cpu import norm
 
     torch.manual_seed(2)
     ln = LayerNorm(512)

@@ -256,9 +256,9 @@ def test_pass_costs_are_measured_here_once_per_model_and_compute_type(tiny, jfk_
     measured = []
     original = pass_costs._measure
 
-    def counting(decoder, rows, audio_features):
-        measured.append(decoder)
-        return original(decoder, rows, audio_features)
+    def counting(model, rows, audio_features):
+        measured.append(model)
+        return original(model, rows, audio_features)
 
     monkeypatch.setattr(pass_costs, "_measure", counting)
     head = CtcHead(tiny.dims, CtcConfig(encoding="gpt2", n_units=256, width=64, layers=1,
@@ -275,7 +275,7 @@ def test_pass_costs_are_measured_here_once_per_model_and_compute_type(tiny, jfk_
         assert first.row_costs == again.row_costs
         assert len(first.row_costs) == len(first.cost_rows) and first.row_costs[0] == 1.0
         assert all(cost > 0 for cost in first.row_costs) and first.row_costs[-1] > 1.0
-    assert measured == [model.decoder for model in models]  # once each
+    assert measured == models  # once each
     assert DEAR_ROWS.for_model(models[1]) is DEAR_ROWS  # given costs are kept
     assert choose_chunk(0.6, CHEAP_ROWS) > choose_chunk(0.6, DEAR_ROWS)
 

@@ -64,14 +64,6 @@ def test_same_tokenizer_is_the_identity():
     assert same.identity and same(12345) == (12345,) and same.coverage().unmapped == 0
 
 
-class _FakeCache:
-    def __init__(self):
-        self.length = 0
-
-    def rollback(self, length):
-        self.length = length
-
-
 def commit(drafter, kept, n_accepted, n_proposed):
     """What the decoding loop tells a proposer: ``kept`` is the accepted candidates, then the main's own token."""
     assert len(kept) == n_accepted + 1
@@ -82,7 +74,7 @@ def commit(drafter, kept, n_accepted, n_proposed):
 def test_adaptive_lookahead_follows_the_acceptance_rate():
     drafter = Drafter.__new__(Drafter)  # only the bookkeeping of accept() is exercised
     drafter.adaptive, drafter.max_tokens, drafter.lookahead = True, 6, 3
-    drafter.cache, drafter.context_length, drafter.pending = _FakeCache(), 0, []
+    drafter.length, drafter.context_length, drafter.pending = 0, 0, []
     drafter.drafted, drafter.mapped_lengths = [], []
     drafter.to_draft = TokenMapping(MULTILINGUAL, MULTILINGUAL)
     drafter.stats = ProposerStats()
@@ -153,7 +145,8 @@ def test_rolled_back_draft_cache_equals_a_fresh_cache_of_the_kept_tokens(clips):
     import torch
     from whisper.decoding import DecodingOptions, DecodingTask
 
-    from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache
+    from medusa_whisper.step.attention import chain_mask
+    from medusa_whisper.step.cpu import cpu_step
 
     tiny = medusa_whisper.load_model("tiny.en", device="cpu")
     mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(load_audio(clips[0])))[None]
@@ -169,11 +162,11 @@ def test_rolled_back_draft_cache_equals_a_fresh_cache_of_the_kept_tokens(clips):
         kept = proposal[:2] + [other]
         commit(drafter, kept, n_accepted=2, n_proposed=4)
         context = initial + first[:2] + proposal[:2]  # in the cache; `other` waits to be fed
-        assert drafter.cache.length == len(context) and drafter.pending == [other]
+        assert drafter.length == len(context) and drafter.pending == [other]
 
-        fresh = new_cache(tiny.decoder, tiny.embed_audio(mel))
+        fresh = cpu_step(tiny)
+        fresh.set_audio(tiny.embed_audio(mel))
         n = len(context)
-        decoder_hidden(tiny.decoder, torch.tensor([context]), torch.arange(n), fresh, 0, chain_mask(0, n, "cpu"))
-    for ours, theirs in ((drafter.cache.self_attn.keys, fresh.self_attn.keys),
-                         (drafter.cache.self_attn.values, fresh.self_attn.values)):
-        torch.testing.assert_close(ours[:, :, :n], theirs[:, :, :n], atol=1e-4, rtol=1e-4)
+        fresh.pass_at(torch.tensor([context]), torch.arange(n), 0, chain_mask(0, n, "cpu"))
+    for ours, theirs in ((drafter.step.keys, fresh.keys), (drafter.step.values, fresh.values)):
+        torch.testing.assert_close(ours[..., :n, :], theirs[..., :n, :], atol=1e-4, rtol=1e-4)

@@ -112,8 +112,8 @@ def test_rolled_back_draft_cache_equals_a_fresh_one_of_the_committed_tokens(tiny
 
     fresh = EagleProposer(head, tiny_en.decoder, audio, depth=4, width=2, max_nodes=6)
     fresh.commit(Committed(tokens[:n], hidden[:, :n], 0, tokens[n], 0, 0))
-    assert stepwise.cache.length == fresh.cache.length == n
-    torch.testing.assert_close(stepwise.cache.keys[:, :, :n], fresh.cache.keys[:, :, :n], atol=1e-5, rtol=1e-5)
+    assert stepwise.committed == fresh.committed == n
+    torch.testing.assert_close(stepwise.block.keys[..., :n, :], fresh.block.keys[..., :n, :], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(stepwise.next_feature, fresh.next_feature, atol=1e-5, rtol=1e-5)
     a, b = stepwise.propose(), fresh.propose()
     assert (a.tokens, a.parents) == (b.tokens, b.parents)

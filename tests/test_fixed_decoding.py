@@ -20,7 +20,7 @@ from whisper.decoding import DecodingOptions, DecodingTask
 import medusa_whisper
 from medusa_whisper import MedusaConfig, decode
 from medusa_whisper.decoding import loop
-from medusa_whisper.step.decoder import decoder_hidden, new_cache, project
+from medusa_whisper.step.projection import project
 from medusa_whisper.drafting.tree import CandidateTree, best_first
 from medusa_whisper.drafting.base import Proposer, ProposerStats
 from medusa_whisper.drafting.factory import DeviceSpec, make_proposer
@@ -29,7 +29,7 @@ from medusa_whisper.step.fixed import FixedStep
 from medusa_whisper.drafting.tree_layout import TreeLayout
 
 from conftest import CLIPS, DATA
-from helpers import random_model, randomize_heads
+from helpers import random_model, randomize_heads, window_step
 
 REAL = DATA / "real" / "jfk.flac"
 
@@ -68,11 +68,11 @@ def test_step_states_equal_the_eager_decoder_for_a_chain_and_a_tree(tiny_en, rea
     decoder = tiny_en.decoder
     step = FixedStep(tiny_en)
     step.set_audio(real_features)
-    cache = new_cache(decoder, real_features)
+    cpu = window_step(tiny_en, real_features)  # the same step on the CPU's products: whisper's modules
     prompt = torch.tensor([[50257, 50362, 843, 523, 616, 3399]])
     n = prompt.shape[1]
     with torch.no_grad():
-        eager = decoder_hidden(decoder, prompt, torch.arange(n), cache, 0, torch.ones(n, n, dtype=torch.bool).tril())
+        eager = cpu.pass_at(prompt, torch.arange(n), 0, torch.ones(n, n, dtype=torch.bool).tril())
         fixed = step(prompt, torch.arange(n)[None])
         assert torch.allclose(fixed, eager, atol=2e-4, rtol=0)
         assert torch.equal(step.logits(fixed).argmax(-1), project(decoder, eager).argmax(-1))
@@ -81,7 +81,7 @@ def test_step_states_equal_the_eager_decoder_for_a_chain_and_a_tree(tiny_en, rea
         pending = [1265]
         positions, mask = tree.layout(n, len(pending), "cpu")
         tokens = torch.tensor([pending + list(tree.tokens)])
-        eager = decoder_hidden(decoder, tokens, positions, cache, n, mask)
+        eager = cpu.pass_at(tokens, positions, n, mask)
         rows = tokens.shape[1]
         every_slot = torch.zeros(1, rows, step.n_ctx, dtype=torch.bool)
         every_slot[0, :, :n + rows] = mask

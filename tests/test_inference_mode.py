@@ -12,7 +12,7 @@ import torch
 import whisper
 
 import medusa_whisper
-from medusa_whisper.step.decoder import project
+from medusa_whisper.step.projection import project
 
 JFK = Path(__file__).parent / "data" / "real" / "jfk.flac"
 CONTEXTS = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad, "none": contextlib.nullcontext}

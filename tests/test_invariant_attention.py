@@ -6,9 +6,17 @@ import torch.nn.functional as F
 
 import medusa_whisper
 from medusa_whisper.step.compute import apply_compute_type, invariant_dtype
-from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache, project
-from medusa_whisper.step.attention import (INVARIANT_DTYPE, MAX_ROWS, SLOT_STEP, attended_slots, every_slot_mask,
-                                                invariant_attention, product_rows, rows_are_invariant, slot_step)
+from medusa_whisper.step.attention import (INVARIANT_DTYPE, MAX_ROWS, SLOT_STEP, attended_slots, chain_mask,
+                                           invariant_attention, product_rows, rows_are_invariant, slot_step)
+from medusa_whisper.step.fixed import every_slot
+from medusa_whisper.step.projection import project
+
+from helpers import feed, window_step
+
+
+def every_slot_mask(mask, start, n, n_key):
+    """A pass's (n, start + n) mask widened to n_key slots, (n, n_key), as the step widens it."""
+    return every_slot(mask, start, n, n_key, "cpu")[0]
 
 # the int8 decoder's dtype for it on this CPU (bfloat16 where native); float32 for the function alone
 HERE = invariant_dtype() or torch.float32
@@ -76,8 +84,8 @@ def test_streams_side_by_side_get_what_they_get_alone():
 def test_the_probe_holds_on_this_cpu_and_the_int8_decoder_uses_it():
     model = apply_compute_type(medusa_whisper.load_model("tiny.en", device="cpu"), "int8")
     assert all(b.attn.row_invariant and b.cross_attn.row_invariant for b in model.decoder.blocks)
-    cache = new_cache(model.decoder, torch.zeros(1, 1500, model.dims.n_audio_state))
-    assert cache.self_attn.keys.dtype == HERE and cache.cross_attn.keys[0].dtype == HERE
+    step = window_step(model, torch.zeros(1, 1500, model.dims.n_audio_state))
+    assert step.keys.dtype == HERE and step.cross_keys[0].dtype == HERE
 
 
 @holds_here
@@ -91,26 +99,23 @@ def test_a_verified_row_gets_the_logits_it_gets_alone():
     # a prompt of 12, then 7 rows: alone, the rows attend over 16 slots, then 32 (attended_slots)
     prompt = torch.tensor([[50257, 50362, 440, 2068, 7586, 13, 383, 1110, 318, 257, 1332, 13]])
     new = torch.tensor([[21831, 18045, 625, 262, 16931, 3290, 13]])
-    alone_cache = new_cache(decoder, features)
-    tokens = torch.cat([prompt, new], dim=1)
-    alone = [project(decoder, decoder_hidden(decoder, tokens[:, i:i + 1], torch.tensor([i]), alone_cache, i, None))
-             for i in range(tokens.shape[1])]
-    together_cache = new_cache(decoder, features)
-    n0 = prompt.shape[1]
-    decoder_hidden(decoder, prompt, torch.arange(n0), together_cache, 0, chain_mask(0, n0, "cpu"))
-    n = new.shape[1]
-    together = project(decoder, decoder_hidden(decoder, new, torch.arange(n0, n0 + n), together_cache, n0,
-                                               chain_mask(n0, n, "cpu")))
+    tokens = torch.cat([prompt, new], dim=1)[0].tolist()
+    alone_step = window_step(model, features)
+    alone = [project(decoder, feed(alone_step, [token], i)) for i, token in enumerate(tokens)]
+    together_step = window_step(model, features)
+    n0, n = prompt.shape[1], new.shape[1]
+    feed(together_step, tokens[:n0], 0)
+    together = project(decoder, feed(together_step, tokens[n0:], n0))
     for i in range(n):
         assert torch.equal(together[:, i], alone[n0 + i][:, 0]), f"row {i}"
     # a tree: rows 0 and 1 are two alternatives for position n0, row 2 follows row 1
-    tree_cache = new_cache(decoder, features)
-    decoder_hidden(decoder, prompt, torch.arange(n0), tree_cache, 0, chain_mask(0, n0, "cpu"))
-    rows = torch.tensor([[999, new[0, 0].item(), new[0, 1].item()]])
+    tree_step = window_step(model, features)
+    feed(tree_step, tokens[:n0], 0)
+    rows = [999, tokens[n0], tokens[n0 + 1]]
     mask = torch.zeros(3, n0 + 3, dtype=torch.bool)
     mask[:, :n0] = True
     mask[0, n0] = mask[1, n0 + 1] = mask[2, n0 + 1] = mask[2, n0 + 2] = True
-    tree = project(decoder, decoder_hidden(decoder, rows, torch.tensor([n0, n0, n0 + 1]), tree_cache, n0, mask))
+    tree = project(decoder, feed(tree_step, rows, n0, torch.tensor([n0, n0, n0 + 1]), mask))
     assert torch.equal(tree[:, 1], alone[n0][:, 0]) and torch.equal(tree[:, 2], alone[n0 + 1][:, 0])
 
 
@@ -148,7 +153,7 @@ def test_bfloat16_cross_keys_are_centred_so_scores_keep_their_precision():
 def test_self_attention_over_the_written_slots_rounded_up_gets_the_bits_of_every_slot(monkeypatch):
     """The int8 decoder's steps attend over the cache's first ``attended_slots`` slots, not all 448:
     a pass gives the same logits as one over every slot, and the slots follow the pass's end."""
-    import medusa_whisper.step.decoder as decoder_module
+    import medusa_whisper.step.cpu as cpu_module
 
     capacity = 448
     step = slot_step(HERE, 6, 64, capacity)
@@ -162,12 +167,12 @@ def test_self_attention_over_the_written_slots_rounded_up_gets_the_bits_of_every
     tokens = torch.randint(0, 50000, (1, 40))
 
     def logits():  # a prompt of 30, then one row at a time to 40
-        cache = new_cache(decoder, features)
-        decoder_hidden(decoder, tokens[:, :30], torch.arange(30), cache, 0, chain_mask(0, 30, "cpu"))
-        return torch.cat([project(decoder, decoder_hidden(decoder, tokens[:, i:i + 1], torch.tensor([i]), cache, i, None))
+        step = window_step(model, features)
+        feed(step, tokens[0, :30].tolist(), 0)
+        return torch.cat([project(decoder, feed(step, [tokens[0, i]], i))
                           for i in range(30, 40)], dim=1)
     rounded = logits()
-    monkeypatch.setattr(decoder_module, "attended_slots", lambda end, capacity, *shape: capacity)
+    monkeypatch.setattr(cpu_module, "attended_slots", lambda end, capacity, *shape: capacity)
     assert torch.equal(rounded, logits())
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medusa_whisper.step import decoder, projection, routes
+from medusa_whisper.step import cpu, projection, routes
 from medusa_whisper.step.routes import ROUNDS, ROW_COUNTS, WEIGHT_FIRST, WHISPER_ROUTE, RouteTable
 
 
@@ -94,11 +94,11 @@ def test_the_whisper_setting_measures_nothing(monkeypatch):
 @pytest.mark.parametrize("route", routes.ROUTES)
 @pytest.mark.parametrize("rows", [1, 3, 16, 40])
 def test_either_route_gives_whispers_values(monkeypatch, route, rows):
-    monkeypatch.setattr(decoder, "route_for", lambda kind, weight, n: route)
+    monkeypatch.setattr(cpu, "route_for", lambda kind, weight, n: route)
     torch.manual_seed(rows)
     layer = nn.Linear(48, 80)
     x = torch.randn(1, rows, 48)
-    torch.testing.assert_close(decoder.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu.linear(layer, x), layer(x), rtol=1e-5, atol=1e-5)
     monkeypatch.setattr(projection, "route_for", lambda kind, weight, n: route)
     embedding = nn.Embedding(120, 48)
     vocabulary = projection.FloatProjection(embedding)

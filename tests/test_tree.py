@@ -4,10 +4,9 @@ import pytest
 import torch
 
 from medusa_whisper import MedusaConfig
-from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache
 from medusa_whisper.drafting.tree import CandidateTree, best_first, top_nodes
 
-from helpers import random_model
+from helpers import feed, random_model, window_step
 
 CONTEXT = [50257, 50362, 440, 1500, 286]
 # root -> 262 -> 3329 -> 318
@@ -68,39 +67,33 @@ def model_and_audio():
 def test_one_tree_pass_equals_each_path_fed_as_a_chain(model_and_audio):
     model, audio = model_and_audio
     pending = CONTEXT[-1:]
-    cache = new_cache(model.decoder, audio)
+    step = window_step(model, audio)
     n = len(CONTEXT) - 1
-    decoder_hidden(model.decoder, torch.tensor([CONTEXT[:-1]]), torch.arange(n), cache, 0, chain_mask(0, n, "cpu"))
-    cache.rollback(n)
+    feed(step, CONTEXT[:-1], 0)
     positions, mask = TREE.layout(n, len(pending))
     assert positions.tolist() == [4, 5, 5, 6, 6, 6, 7]
-    hidden = decoder_hidden(model.decoder, torch.tensor([pending + list(TREE.tokens)]), positions, cache, n, mask)
+    hidden = feed(step, pending + list(TREE.tokens), n, positions, mask)
 
     for node in range(len(TREE)):
         chain = CONTEXT + [TREE.tokens[i] for i in _path(TREE, node)]
-        fresh = new_cache(model.decoder, audio)
-        m = len(chain)
-        expected = decoder_hidden(model.decoder, torch.tensor([chain]), torch.arange(m), fresh, 0, chain_mask(0, m, "cpu"))
+        expected = feed(window_step(model, audio), chain, 0)
         torch.testing.assert_close(hidden[0, 1 + node], expected[0, -1], atol=1e-5, rtol=1e-5)
 
 
 @torch.no_grad()
 def test_compacted_tree_cache_equals_a_fresh_cache_of_the_kept_path(model_and_audio):
     model, audio = model_and_audio
-    cache = new_cache(model.decoder, audio)
+    step = window_step(model, audio)
     start = len(CONTEXT) - 1
-    decoder_hidden(model.decoder, torch.tensor([CONTEXT[:-1]]), torch.arange(start), cache, 0, chain_mask(0, start, "cpu"))
-    cache.rollback(start)
+    feed(step, CONTEXT[:-1], 0)
     positions, mask = TREE.layout(start, 1)
-    decoder_hidden(model.decoder, torch.tensor([CONTEXT[-1:] + list(TREE.tokens)]), positions, cache, start, mask)
+    feed(step, CONTEXT[-1:] + list(TREE.tokens), start, positions, mask)
     path = [1, 4]  # 1016, 13: the second branch
-    cache.compact([start] + [start + 1 + node for node in path], start)
+    step.compact([start] + [start + 1 + node for node in path], start)
 
     kept = CONTEXT + [TREE.tokens[i] for i in path]
-    fresh = new_cache(model.decoder, audio)
+    fresh = window_step(model, audio)
     n = len(kept)
-    decoder_hidden(model.decoder, torch.tensor([kept]), torch.arange(n), fresh, 0, chain_mask(0, n, "cpu"))
-    fresh.rollback(n)
-    assert cache.length == fresh.length == n
-    torch.testing.assert_close(cache.self_attn.keys[:, :, :n], fresh.self_attn.keys[:, :, :n], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(cache.self_attn.values[:, :, :n], fresh.self_attn.values[:, :, :n], atol=1e-5, rtol=1e-5)
+    feed(fresh, kept, 0)
+    torch.testing.assert_close(step.keys[..., :n, :], fresh.keys[..., :n, :], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(step.values[..., :n, :], fresh.values[..., :n, :], atol=1e-5, rtol=1e-5)

@@ -31,7 +31,7 @@ from torch import Tensor
 from whisper.decoding import DecodingTask
 from whisper.tokenizer import Tokenizer
 
-from ..step.decoder import decoder_hidden, new_cache, project
+from ..step.cpu import cpu_step
 from ..step.attention import chain_mask
 from .base import Committed, Proposer
 from .tree import CandidateTree
@@ -156,7 +156,9 @@ class Drafter(Proposer):
             self.max_tokens, self.adaptive = max_tokens, adaptive
             self.lookahead = max_tokens
             features = task._get_audio_features(draft_mel)  # (1, n_audio_ctx, n_audio_state)
-            self.cache = new_cache(draft.decoder, features)
+            self.step = cpu_step(draft, 1, features.dtype, features.device)
+            self.step.set_audio(features)
+            self.length = 0  # slots of the step's cache that hold kept tokens
             self.device = features.device
             self.context_length = 0
             self.n_ctx = draft.dims.n_text_ctx
@@ -171,20 +173,20 @@ class Drafter(Proposer):
 
     def _propose(self) -> CandidateTree:
         """Up to K draft tokens, greedily, as main-model token ids (a draft token may give several)."""
-        decoder = self.model.decoder
-        k = min(self.lookahead, self.n_ctx - self.cache.length - len(self.pending))
+        k = min(self.lookahead, self.n_ctx - self.length - len(self.pending))
         self.drafted, self.mapped_lengths = [], []
-        self.context_length = self.cache.length
+        self.context_length = self.length
         if k <= 0 or not self.pending:
             return CandidateTree()
         proposal: List[int] = []
         inputs = self.pending
         for _ in range(k):
-            start, n = self.cache.length, len(inputs)
-            hidden = decoder_hidden(decoder, torch.tensor([inputs], device=self.device),
-                                    torch.arange(start, start + n, device=self.device), self.cache, start,
-                                    chain_mask(start, n, self.device))
-            token = int(project(decoder, hidden[0, -1:])[0].argmax())
+            start, n = self.length, len(inputs)
+            hidden = self.step.pass_at(torch.tensor([inputs], device=self.device),
+                                       torch.arange(start, start + n, device=self.device), start,
+                                       chain_mask(start, n, self.device))
+            self.length = start + n
+            token = int(self.step.logits(hidden[0, -1:])[0].argmax())
             mapped = self.to_main(token)
             if not mapped:
                 break  # no main-model token says this: stop proposing here
@@ -210,8 +212,8 @@ class Drafter(Proposer):
                 break
             whole += 1
             covered += length
-        in_cache = min(whole, self.cache.length - self.context_length)
-        self.cache.rollback(self.context_length + in_cache)
+        in_cache = min(whole, self.length - self.context_length)
+        self.length = self.context_length + in_cache  # the slots after it are written over
         self.pending = self.pending + self.drafted[in_cache:whole] + self.to_draft.sequence(kept[covered:])
         self.drafted, self.mapped_lengths = [], []
         if self.adaptive and n_proposed:

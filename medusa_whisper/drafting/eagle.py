@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from whisper.model import ModelDimensions, ResidualAttentionBlock
 
-from ..step.decoder import block_caches, block_forward, self_attention_mask
+from ..step.cpu import CpuBlock
 from ..step.int8_kernels import Prepared
 from ..step.attention import chain_mask
 from ..step.projection import of as projection_of
@@ -130,22 +130,20 @@ class EagleProposer(Proposer):
         # the head runs in float32 even when whisper's fp16 option put the main model in half
         # precision on a CPU (whisper.decode's default): its plain nn.Linear does not cast as whisper's does
         audio_features = audio_features.float()
-        self.cache, self.cross = block_caches([head.block], n_ctx, audio_features)
+        self.block = CpuBlock(head.block, n_ctx, audio_features)
         self.device = audio_features.device
         self.committed = 0  # draft cache slots that hold committed tokens
         self.next_feature: Optional[Tensor] = None  # (n_state,) drafted feature after the committed tokens
 
     def _block(self, x: Tensor, start: int, mask: Optional[Tensor]) -> Tensor:
-        mask = self_attention_mask(self.head.block.attn, mask, start, x.shape[1], self.cache)
-        out = block_forward(self.head.block, x, self.cache, 0, start, self.cross.keys[0], self.cross.values[0], mask)
-        return self.head.ln(out)
+        return self.head.ln(self.block.pass_at(x, start, mask))
 
     def _commit(self, committed: Committed) -> None:
         # rows for every committed token: [f_i ; token i+1], the last one with the main's next token
         hidden = committed.hidden.float()
         n = hidden.shape[1]
         start = committed.position
-        self.cache.rollback(start)  # drop what was drafted after the previous commit
+        # what was drafted after the previous commit is written over from ``start``
         next_tokens = torch.tensor([committed.tokens[1:] + [committed.next_token]], device=self.device)
         positions = torch.arange(start + 1, start + n + 1, device=self.device)
         x = self.head.fused(hidden, next_tokens, positions, self.decoder)

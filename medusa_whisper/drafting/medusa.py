@@ -15,7 +15,7 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..step.decoder import block_caches, block_forward, self_attention_mask
+from ..step.cpu import CpuBlock
 from .heads import MedusaHeads
 from ..step.attention import chain_mask
 from ..step.projection import of as projection_of
@@ -30,21 +30,16 @@ class MedusaProposer(Proposer):
         self.heads, self.decoder, self.num_heads = heads, decoder, num_heads
         self.width, self.max_nodes = width, max_nodes or num_heads * width
         self.head_input: Optional[Tensor] = None  # (1, n_state) at the last committed token
-        self.block_cache = self.block_cross = None
+        self.block: Optional[CpuBlock] = None
         if heads.block is not None:
-            n_ctx = decoder.positional_embedding.shape[0]
-            self.block_cache, self.block_cross = block_caches([heads.block], n_ctx, audio_features)
+            self.block = CpuBlock(heads.block, decoder.positional_embedding.shape[0], audio_features)
 
     def _commit(self, committed: Committed) -> None:
         hidden = committed.hidden
-        if self.block_cache is not None:
+        if self.block is not None:
             # the block must see every committed token, so that its cache stays complete
             start, n = committed.position, hidden.shape[1]
-            self.block_cache.rollback(start)
-            mask = self_attention_mask(self.heads.block.attn, chain_mask(start, n, hidden.device), start, n,
-                                       self.block_cache)
-            hidden = block_forward(self.heads.block, hidden, self.block_cache, 0, start, self.block_cross.keys[0],
-                                   self.block_cross.values[0], mask)
+            hidden = self.block.pass_at(hidden, start, chain_mask(start, n, hidden.device))
         self.head_input = hidden[:, -1]
 
     def _propose(self) -> CandidateTree:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..step.compute import compute_type_of
-from ..step.decoder import decoder_hidden, new_cache, project
+from ..step.cpu import cpu_step
 from ..step.attention import chain_mask
 
 CONTEXT = 60  # cached tokens before the timed rows: about the middle of a window's text
@@ -40,27 +40,28 @@ def measured_pass_costs(model, rows: Sequence[int], audio_features: Optional[Ten
             dims = model.dims
             audio_features = torch.zeros(1, dims.n_audio_ctx, dims.n_audio_state,
                                          device=decoder.positional_embedding.device)
-        memo[key] = _measure(decoder, tuple(rows), audio_features[:1])
+        memo[key] = _measure(model, tuple(rows), audio_features[:1])
     return memo[key]
 
 
 @torch.no_grad()
-def _measure(decoder, rows: Tuple[int, ...], audio_features: Tensor) -> Tuple[float, ...]:
+def _measure(model, rows: Tuple[int, ...], audio_features: Tensor) -> Tuple[float, ...]:
+    """Each count's pass (the decoder step on the CPU's products and the vocabulary) after CONTEXT
+    tokens, timed; its fastest round over the first count's."""
     device = audio_features.device
-    cache = new_cache(decoder, audio_features)
+    step = cpu_step(model, 1, audio_features.dtype, device)
+    step.set_audio(audio_features)
     context = torch.arange(CONTEXT, device=device)[None]  # any tokens: the time does not depend on them
-    decoder_hidden(decoder, context, context[0], cache, 0, chain_mask(0, CONTEXT, device))
+    step.pass_at(context, context[0], 0, chain_mask(0, CONTEXT, device))
 
     def one_pass(n: int) -> float:
         new = torch.zeros(1, n, dtype=torch.long, device=device)
         positions = torch.arange(CONTEXT, CONTEXT + n, device=device)
         began = time.perf_counter()
-        project(decoder, decoder_hidden(decoder, new, positions, cache, CONTEXT, chain_mask(CONTEXT, n, device)))
+        step.logits(step.pass_at(new, positions, CONTEXT, chain_mask(CONTEXT, n, device)))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - began
-        cache.rollback(CONTEXT)
-        return seconds
+        return time.perf_counter() - began  # the next pass writes its rows' slots again
 
     for n in rows:  # the first pass of a shape may choose its kernels (routes.py) or allocate: untimed
         one_pass(n)

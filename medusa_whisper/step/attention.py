@@ -62,7 +62,7 @@ def invariant_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, allowed: O
                         slots: Optional[int] = None) -> Tensor:
     """Attention of (batch, n_query, n_state) queries over keys and values, heads merged, float32 out.
 
-    k, v    : head-major (batch, n_head, n_key, d_head), in the invariant dtype, as block_caches keeps them
+    k, v    : head-major (batch, n_head, n_key, d_head), in the invariant dtype, as the step's caches keep them
     allowed : (n_query, n_key) bool, True where a query may attend, or (batch, n_query, n_key) for a
               mask per batch item (streams at different positions); None: every key
     slots   : the cache's capacity when k, v are its first ``attended_slots`` slots (the rows per
@@ -100,17 +100,6 @@ def _product(rows: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor]) -> T
     if allowed is not None:
         scores.masked_fill_(~allowed.unsqueeze(1), float("-inf"))
     return (scores.softmax(-1).to(v.dtype) @ v)[:, :, :n]
-
-
-def every_slot_mask(mask: Optional[Tensor], start: int, n: int, capacity: int) -> Tensor:
-    """A (n, start+n) mask (None: one query seeing slots [0, start]) widened to ``capacity`` slots
-    (all of the cache's, or ``attended_slots``)."""
-    allowed = torch.zeros(n, capacity, dtype=torch.bool)
-    if mask is None:
-        allowed[:, :start + n] = True
-    else:
-        allowed[:, :mask.shape[1]] = mask
-    return allowed
 
 
 def attended_slots(end: int, capacity: int, dtype: torch.dtype, n_head: int, d_head: int) -> int:

@@ -14,7 +14,7 @@ gives the step the CPU's instead:
 - elsewhere PyTorch's fused kernel over exactly the slots a row sees, one row at a time in a pass of
   several where the model is converted (``rows_alone``), one batch item at a time beside others
   (that kernel is not batch-invariant);
-- the cross-attention's keys and values computed with their rows together (``decoder.cross_cache``),
+- the cross-attention's keys and values computed with their rows together (``cross_cache``),
   the vocabulary by the compute type's projection (and a ``base_head`` model's head first).
 
 So a pass reads on the host where its slots end (nothing is captured on the CPU), and a batch pass
@@ -28,12 +28,79 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
+import whisper.model
 from torch import Tensor, nn
+from whisper.model import MultiHeadAttention
 
 from .attention import attended_slots, invariant_attention, invariant_dtype, row_invariant
-from .decoder import _attention, cross_cache, linear as routed_linear, next_token_logits, norm as whisper_norm, self_attention_qkv
-from .fixed import FixedStep, Layer, UnsupportedStep, heads, product_dtype
-from .together import together
+from .cache import CrossKV
+from .fixed import FixedStep, Layer, UnsupportedStep, every_slot, heads, layer_forward, product_dtype
+from .projection import next_token_logits
+from .routes import WEIGHT_FIRST, route_for, weight_times_rows
+from .together import rows_together, together
+
+_PLAIN_LINEARS = (nn.Linear, whisper.model.Linear)
+
+
+# ---------------------------------------------------------------- whisper's modules, called the CPU's way
+
+
+def linear(module: nn.Module, x: Tensor) -> Tensor:
+    """``module(x)`` for a linear layer, by the route measured fastest on this CPU for its rows.
+
+    Departs from whisper's ``F.linear(x, W, b)`` for float32 ``nn.Linear`` layers on a CPU when x
+    holds a step's few rows and ``routes.route_for`` measured ``W @ x.T`` faster here. Other layers
+    (compute types' converted linears) are called as they are.
+    """
+    if type(module) not in _PLAIN_LINEARS or x.device.type != "cpu" or x.dtype != module.weight.dtype:
+        return module(x)
+    flat = x.reshape(-1, x.shape[-1])
+    if route_for("linear", module.weight, flat.shape[0]) != WEIGHT_FIRST:
+        return module(x)
+    out = weight_times_rows(module.weight, module.bias, flat)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, mask: Optional[Tensor]) -> Tensor:
+    """(batch, n_query, n_state) queries over (batch, n_key, n_state) keys and values, heads merged;
+    keys and values may also come head-major, (batch, n_head, n_key, d_head), as CrossKV keeps them."""
+    batch, n_query, n_state = q.shape
+    q = q.view(batch, n_query, n_head, -1).transpose(1, 2)  # (B, H, n_query, d_head)
+    if k.dim() == 3:
+        k = k.view(batch, k.shape[1], n_head, -1).transpose(1, 2)  # (B, H, n_key, d_head)
+        v = v.view(batch, v.shape[1], n_head, -1).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, n_query, d_head)
+    return out.transpose(1, 2).reshape(batch, n_query, n_state)
+
+
+def self_attention_qkv(attn: MultiHeadAttention, h: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """Queries, keys and values of a self-attention; one product for the three where they are int8
+    (``attn.qkv``, made at load by compute.fuse_qkv), whisper's three otherwise."""
+    fused = attn.__dict__.get("qkv")
+    if fused is not None:
+        return fused(h).split(attn.query.out_features, dim=-1)
+    return linear(attn.query, h), linear(attn.key, h), linear(attn.value, h)
+
+
+def norm(ln: nn.Module, x: Tensor) -> Tensor:
+    """``ln(x)`` for a LayerNorm: whisper's casts x to float32 and back, two calls that return their
+    input when x and the norm are float32 already (every CPU compute type's residual stream), so
+    there the norm runs alone, with the same arithmetic."""
+    if type(ln) is whisper.model.LayerNorm and x.dtype == torch.float32 and ln.weight.dtype == torch.float32:
+        return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+    return ln(x)
+
+
+def cross_cache(blocks, audio_features: Tensor) -> CrossKV:
+    """The cross-attention keys and values of ``audio_features`` for ``blocks``, in the dtype their
+    attention reads, computed with the rows together: once per window, from its encoder output alone."""
+    cross = blocks[0].cross_attn
+    with rows_together():
+        return CrossKV(blocks, audio_features, invariant_dtype(cross) if row_invariant(cross) else None)
+
+
+# ---------------------------------------------------------------- the products
 
 
 @dataclass
@@ -113,11 +180,11 @@ class CpuAttention:
         for at in _groups(q.shape[0], allowed.shared):
             first, k, v = at.start, keys[at], values[at]
             if alone:
-                rows = [_attention(q[at, i:i + 1], *allowed.seen(k, v, first, i), n_head, None)
+                rows = [fused_attention(q[at, i:i + 1], *allowed.seen(k, v, first, i), n_head, None)
                         for i in range(q.shape[1])]
                 outs.append(rows[0] if len(rows) == 1 else torch.cat(rows, dim=1))
             else:
-                outs.append(_attention(q[at], k, v, n_head, allowed.mask[first]))
+                outs.append(fused_attention(q[at], k, v, n_head, allowed.mask[first]))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def cross_attention(self, q: Tensor, keys: Tensor, values: Tensor, n_head: int) -> Tensor:
@@ -137,10 +204,10 @@ class CpuAttention:
         for at in _groups(q.shape[0], True):
             k, v = keys[at], values[at]
             if alone:
-                outs.append(torch.cat([_attention(q[at, i:i + 1], k, v, n_head, None) for i in range(q.shape[1])],
+                outs.append(torch.cat([fused_attention(q[at, i:i + 1], k, v, n_head, None) for i in range(q.shape[1])],
                                       dim=1))
             else:
-                outs.append(_attention(q[at], k, v, n_head, None))
+                outs.append(fused_attention(q[at], k, v, n_head, None))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
@@ -151,15 +218,15 @@ def cpu_layer(block: nn.Module) -> Layer:
         raise UnsupportedStep("the decoder's MLP is not whisper's Linear, GELU, Linear")
 
     def routed(module: nn.Module):
-        return functools.partial(routed_linear, module)
+        return functools.partial(linear, module)
 
-    def norm(ln: nn.Module):  # whisper's LayerNorm: in float32 for another residual dtype
-        return functools.partial(whisper_norm, ln)
+    def normed(ln: nn.Module):  # whisper's LayerNorm: in float32 for another residual dtype
+        return functools.partial(norm, ln)
 
-    return Layer(attn_ln=norm(block.attn_ln), qkv=functools.partial(self_attention_qkv, attn),
-                 out=routed(attn.out), cross_ln=norm(block.cross_attn_ln), cross_query=routed(cross.query),
+    return Layer(attn_ln=normed(block.attn_ln), qkv=functools.partial(self_attention_qkv, attn),
+                 out=routed(attn.out), cross_ln=normed(block.cross_attn_ln), cross_query=routed(cross.query),
                  cross_out=routed(cross.out), cross_key=routed(cross.key), cross_value=routed(cross.value),
-                 mlp_ln=norm(block.mlp_ln), fc1=routed(mlp[0]), fc2=routed(mlp[2]))
+                 mlp_ln=normed(block.mlp_ln), fc1=routed(mlp[0]), fc2=routed(mlp[2]))
 
 
 class CpuProducts:
@@ -178,7 +245,7 @@ class CpuProducts:
         self.embedding = decoder.token_embedding.weight.detach().to(residual)
         self.positional = decoder.positional_embedding.detach().to(residual)
         self.decoder, self.residual = decoder, residual
-        self.final_ln = functools.partial(whisper_norm, decoder.ln)
+        self.final_ln = functools.partial(norm, decoder.ln)
         self.attention = CpuAttention(first, decoder.positional_embedding.shape[0])
         self.cache_dtype = invariant_dtype(first.attn) if row_invariant(first.attn) else residual
         self.cross_dtype = invariant_dtype(first.cross_attn) if row_invariant(first.cross_attn) else residual
@@ -189,12 +256,8 @@ class CpuProducts:
         return (self.decoder.token_embedding(tokens) + self.decoder.positional_embedding[positions]).to(self.residual)
 
     def slots_read(self, end: int, n_ctx: int) -> int:
-        """The slots a pass ending at slot ``end`` attends: exactly those for the fused kernel, rounded
-        up where the invariant attention was measured to give the same bits (``attended_slots``)."""
-        if not self.attention.invariant:
-            return end
-        d_head = self.blocks[0].attn.query.out_features // self.n_head
-        return attended_slots(end, n_ctx, self.cache_dtype, self.n_head, d_head)
+        return slots_read(self.attention, end, n_ctx, self.cache_dtype, self.n_head,
+                          self.blocks[0].attn.query.out_features // self.n_head)
 
     def cross(self, features: Tensor, n_head: int) -> Tuple[Sequence[Tensor], Sequence[Tensor]]:
         """Every layer's cross-attention keys and values of ``features``, rows together."""
@@ -205,6 +268,43 @@ class CpuProducts:
         """The next-token logits greedy decoding reads from states, float32: by the compute type's
         projection, through a ``base_head`` model's head 0 first (``decoder.next_token_logits``)."""
         return next_token_logits(self.model, states)
+
+
+def slots_read(attention: CpuAttention, end: int, n_ctx: int, dtype: torch.dtype, n_head: int, d_head: int) -> int:
+    """The slots a pass ending at slot ``end`` attends: exactly those for the fused kernel, rounded
+    up where the invariant attention was measured to give the same bits (``attended_slots``)."""
+    return attended_slots(end, n_ctx, dtype, n_head, d_head) if attention.invariant else end
+
+
+class CpuBlock:
+    """A draft head's residual block (Medusa-Block's, EAGLE's) with its own cache over one window, on
+    the CPU's products: the step's ``layer_forward``, rows written at consecutive slots.
+
+    features : the window's encoder output, shape = (1, n_audio_ctx, n_audio_state); the block's
+               residual stream is in its dtype
+    """
+
+    def __init__(self, block: nn.Module, n_ctx: int, features: Tensor):
+        self.layer = cpu_layer(block)
+        self.attention = CpuAttention(block, n_ctx)
+        self.n_ctx, self.n_head = n_ctx, block.attn.n_head
+        n_state = block.attn.query.out_features
+        self.dtype = invariant_dtype(block.attn) if self.attention.invariant else features.dtype
+        self.keys = torch.zeros(1, self.n_head, n_ctx, n_state // self.n_head, dtype=self.dtype, device=features.device)
+        self.values = torch.zeros_like(self.keys)
+        cross = cross_cache([block], features)
+        self.cross_keys, self.cross_values = cross.keys[0], cross.values[0]
+
+    def pass_at(self, x: Tensor, start: int, mask: Optional[Tensor]) -> Tensor:
+        """The block over rows x, shape = (1, rows, n_state), written at slots [start, start + rows)
+        (what was there after ``start`` is the past's: rejected drafts); mask : (rows, start + rows)
+        bool, where each row may attend (None: one row). Returns the block's output."""
+        n = x.shape[1]
+        read = slots_read(self.attention, start + n, self.n_ctx, self.dtype, self.n_head, self.keys.shape[-1])
+        allowed = self.attention.prepare(every_slot(mask, start, n, self.n_ctx, x.device)[..., :read])
+        where = self.attention.where(None, start, self.n_head, self.keys.shape[-1])
+        return layer_forward(self.layer, x, self.keys, self.values, self.cross_keys, self.cross_values, allowed, where,
+                             self.n_head, self.attention, read if read < self.n_ctx else None)
 
 
 def cpu_step(model: nn.Module, batch: int = 1, residual: torch.dtype = torch.float32,

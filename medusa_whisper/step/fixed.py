@@ -1,7 +1,7 @@
-"""The text decoder as one fixed-shape step over buffers it owns: the form a CUDA graph can replay.
+"""The text decoder as one step over buffers it owns, at fixed shapes: the form a CUDA graph can replay.
 
-``decoder.decoder_hidden`` runs whisper's modules with Python-side positions, a cache sliced to
-its current length and a mask made per pass, so the shapes, and the host's work, change every pass.
+whisper's ``TextDecoder.forward`` reads its position offset from a hook cache that grows by
+concatenation and makes its mask per pass, so the shapes, and the host's work, change every pass.
 On a GPU that is most of a pass's time: a few hundred small kernels launched one by one, and the
 host waiting between them. ``FixedStep`` is the same arithmetic with every shape fixed:
 
@@ -210,6 +210,17 @@ def cross_keys_values(layer: Layer, features: Tensor, n_head: int) -> Tuple[Tens
     return k, v
 
 
+def every_slot(mask: Optional[Tensor], start: int, n: int, n_ctx: int, device) -> Tensor:
+    """A pass's (n, start + n) mask (None: one row seeing slots [0, start]) as the step takes it:
+    (1, n, n_ctx), False beyond."""
+    allowed = torch.zeros(1, n, n_ctx, dtype=torch.bool, device=device)
+    if mask is None:
+        allowed[:, :, :start + n] = True
+    else:
+        allowed[0, :, :mask.shape[1]] = mask
+    return allowed
+
+
 class DenseProducts:
     """The fixed-shape step's own products: every linear layer dense in the products' dtype (int8
     weights dequantised once), the vocabulary the tied embedding in it, PyTorch's fused attention
@@ -307,11 +318,13 @@ class FixedStep:
         at = slice(None) if item is None else slice(item, item + 1)
         keys, values = self.products.cross(features, self.n_head)
         if not self.products.fixed_shapes:
-            self.keys[:, at].zero_()
-            self.values[:, at].zero_()
-            if item is None:
+            if item is None:  # new buffers (not zeroed in place: a step made under inference_mode is
+                # kept on the model and used outside it, where its tensors may not change in place)
+                self.keys, self.values = torch.zeros_like(self.keys), torch.zeros_like(self.values)
                 self.cross_keys, self.cross_values = keys, values
                 return
+            self.keys[:, at].zero_()
+            self.values[:, at].zero_()
             if self.cross_keys is None or self.cross_keys[0].shape[0] != self.batch:
                 self._new_cross()
         elif repeat > 1:
@@ -405,14 +418,11 @@ class FixedStep:
         returns   : shape = (1, rows, n_state), post-LayerNorm states
         """
         n = tokens.shape[1]
-        allowed = torch.zeros(1, n, self.n_ctx, dtype=torch.bool, device=self.device)
-        if mask is None:
-            allowed[:, :, :start + n] = True
-        else:
-            allowed[0, :, :mask.shape[1]] = mask
+        if start + n > self.n_ctx:
+            raise RuntimeError(f"KV cache overflow: {start + n} > {self.n_ctx} slots")
         slots = torch.arange(start, start + n, device=self.device)[None]
-        return self._blocks(tokens, positions[None], allowed, slots, self.keys, self.values, self.cross_keys,
-                            self.cross_values, end=start + n)
+        return self._blocks(tokens, positions[None], every_slot(mask, start, n, self.n_ctx, self.device), slots,
+                            self.keys, self.values, self.cross_keys, self.cross_values, end=start + n)
 
     def logits(self, states: Tensor) -> Tensor:
         """The next-token logits of states, float32 as whisper returns them, by the products' vocabulary."""

@@ -192,3 +192,22 @@ class HalfProjection(Projection):
         else:
             logits = (rows @ matrix).float()
         return logits.reshape(*states.shape[:-1], matrix.shape[1])
+
+
+def project(decoder: nn.Module, states: Tensor) -> Tensor:
+    """Vocabulary logits through the tied token embedding, by the decoder's projection module
+    (projection.py: its compute type's kernel), in fp32 as whisper returns them.
+
+    states : shape = (..., n_state) -> (..., n_vocab)
+    """
+    return of(decoder)(states).float()
+
+
+def next_token_logits(model: nn.Module, states: Tensor) -> Tensor:
+    """The next-token logits greedy decoding reads from decoder states: through a Medusa model's
+    base head first when it has one (``heads.base_state``), which whisper's own decoder would not apply.
+
+    states : shape = (..., n_state) -> (..., n_vocab)
+    """
+    heads = getattr(model, "medusa", None)
+    return project(model.decoder, heads.base_state(states) if heads is not None else states)

@@ -2,7 +2,7 @@
 
     python -m tools.bench compute-speed --model base --compute-types float32,int8,bfloat16 --threads 2
 
-- decoder: one pass of our decoder (``decoder_hidden`` + vocabulary projection) over M new rows
+- decoder: one pass of our decoder step (on the CPU's products) + vocabulary projection over M new rows
   after a cache of 60 tokens, on the encoder output of a real recording; M = 1 and 8.
 - encoder: one 30-s window (log-Mel in, audio features out), and the relative error of its output
   against float32's (max |a - b| / max |a|, and the mean of |a - b| / mean |a|).
@@ -25,7 +25,8 @@ import torch
 import whisper
 
 import medusa_whisper
-from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.step.attention import chain_mask
+from medusa_whisper.step.cpu import cpu_step
 from tools import ROOT
 
 AUDIO = ROOT / "tests" / "data" / "real" / "jfk.flac"
@@ -53,17 +54,16 @@ def interleaved(fns: dict, reps: int) -> dict:
 
 
 def pass_runner(model, features, rows: int, context: int = 60):
-    decoder = model.decoder
-    cache = new_cache(decoder, features)
+    step = cpu_step(model, 1, features.dtype)
+    step.set_audio(features)
     tokens = torch.randint(0, 50000, (1, context))
-    decoder_hidden(decoder, tokens, torch.arange(context), cache, 0, chain_mask(0, context, "cpu"))
+    step.pass_at(tokens, torch.arange(context), 0, chain_mask(0, context, "cpu"))
     new = torch.randint(0, 50000, (1, rows))
     positions = torch.arange(context, context + rows)
     mask = chain_mask(context, rows, "cpu")
 
     def run():
-        hidden = decoder_hidden(decoder, new, positions, cache, context, mask)
-        return project(decoder, hidden)
+        return step.logits(step.pass_at(new, positions, context, mask))
     return run
 
 

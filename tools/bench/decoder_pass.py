@@ -3,7 +3,7 @@
     python -m tools.bench pass --model base --compute-types float32,int8,bfloat16 --threads 2
 
 For each compute type and 1, 2, 4, 8 and 16 new rows after a cache of 60 tokens, on the encoder
-output of a real recording: milliseconds per pass (``decoder_hidden`` + the vocabulary projection,
+output of a real recording: milliseconds per pass (the decoder step on the CPU's products + the vocabulary projection,
 median of repetitions, compute types interleaved), the ATen operators one pass calls (torch
 profiler), the bytes one pass must read (the decoder weights it multiplies, the projection, the
 cross-attention keys and values of 1,500 audio positions, the self-attention cache), and the floor:
@@ -32,7 +32,8 @@ import whisper
 from torch import Tensor, nn
 
 import medusa_whisper
-from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.step.attention import chain_mask
+from medusa_whisper.step.cpu import cpu_step
 from medusa_whisper.step.routes import isa_features, machine_id
 from tools import ROOT
 
@@ -68,7 +69,7 @@ def _own(module: nn.Module):
     yield from module.buffers(recurse=True)
 
 
-def pass_bytes(model: nn.Module, cache, rows: int) -> Dict[str, int]:
+def pass_bytes(model: nn.Module, step, rows: int) -> Dict[str, int]:
     """Bytes one pass reads: weights it multiplies, the projection, cross K/V, the self-attention cache."""
     decoder = model.decoder
     weights = []
@@ -84,27 +85,26 @@ def pass_bytes(model: nn.Module, cache, rows: int) -> Dict[str, int]:
     embedding = decoder.token_embedding.weight
     own = list(_own(decoder.token_projection)) if hasattr(decoder, "token_projection") else []
     projection = _tensor_bytes(own) if own else _tensor_bytes([embedding])  # a float projection reads the embedding
-    cross = _tensor_bytes(list(cache.cross_attn.keys) + list(cache.cross_attn.values))
-    self_kv = cache.self_attn
-    slots = self_kv.capacity if self_kv.n_head is not None else CONTEXT + rows  # fixed-shape attention reads all
-    per_slot = (self_kv.keys.numel() // self_kv.capacity) * self_kv.keys.element_size() * 2
+    cross = _tensor_bytes(list(step.cross_keys) + list(step.cross_values))
+    slots = step.products.slots_read(CONTEXT + rows, step.n_ctx)  # the slots a pass attends
+    per_slot = (step.keys.numel() // step.n_ctx) * step.keys.element_size() * 2
     return {"weights": _tensor_bytes(weights), "projection": projection, "cross_kv": cross,
             "self_kv": per_slot * slots}
 
 
 def pass_runner(model, features: Tensor, rows: int):
-    decoder = model.decoder
-    cache = new_cache(decoder, features)
+    """One pass of ``rows`` new rows after CONTEXT cached tokens, as a callable, and its step."""
+    step = cpu_step(model, 1, features.dtype, features.device)
+    step.set_audio(features)
     tokens = torch.randint(0, 50000, (1, CONTEXT))
-    decoder_hidden(decoder, tokens, torch.arange(CONTEXT), cache, 0, chain_mask(0, CONTEXT, "cpu"))
+    step.pass_at(tokens, torch.arange(CONTEXT), 0, chain_mask(0, CONTEXT, "cpu"))
     new = torch.randint(0, 50000, (1, rows))
     positions = torch.arange(CONTEXT, CONTEXT + rows)
     mask = chain_mask(CONTEXT, rows, "cpu")
 
-    def run():
-        return project(decoder, decoder_hidden(decoder, new, positions, cache, CONTEXT, mask))
-    run.inputs = (new, positions, cache, CONTEXT, mask)  # for time_parts, which calls the two itself
-    return run, cache
+    def run():  # its rows' slots are written again by the next
+        return step.logits(step.pass_at(new, positions, CONTEXT, mask))
+    return run, step
 
 
 # the kernels that multiply (weights or attention), by ATen name; everything else is "other"
@@ -147,10 +147,10 @@ def time_parts(model, features: Tensor, rows: int, reps: int) -> Dict[str, float
     the runs alternate so that the machine's drift hits all alike."""
     from unittest import mock
 
-    import medusa_whisper.step.decoder as decoder_module
+    import medusa_whisper.step.cpu as cpu_module
 
-    run, cache = pass_runner(model, features, rows)
-    attention, fused = decoder_module.invariant_attention, decoder_module._attention
+    run, step = pass_runner(model, features, rows)
+    attention, fused = cpu_module.invariant_attention, cpu_module.fused_attention
     n_audio = features.shape[1]
 
     def zeros_for(cross: bool):
@@ -162,25 +162,23 @@ def time_parts(model, features: Tensor, rows: int, reps: int) -> Dict[str, float
     linears = {type(m): m for m in model.decoder.modules() if hasattr(m, "out_features") and m is not projection}
     patches = {
         "whole": [],
-        "cross-attention": [mock.patch.object(decoder_module, "invariant_attention", zeros_for(True)),
-                            mock.patch.object(decoder_module, "_attention", lambda q, k, v, h, m: torch.zeros_like(q)
+        "cross-attention": [mock.patch.object(cpu_module, "invariant_attention", zeros_for(True)),
+                            mock.patch.object(cpu_module, "fused_attention", lambda q, k, v, h, m: torch.zeros_like(q)
                                               if k.shape[-2] == n_audio else fused(q, k, v, h, m))],
-        "self-attention": [mock.patch.object(decoder_module, "invariant_attention", zeros_for(False)),
-                           mock.patch.object(decoder_module, "_attention", lambda q, k, v, h, m: torch.zeros_like(q)
+        "self-attention": [mock.patch.object(cpu_module, "invariant_attention", zeros_for(False)),
+                           mock.patch.object(cpu_module, "fused_attention", lambda q, k, v, h, m: torch.zeros_like(q)
                                              if k.shape[-2] != n_audio else fused(q, k, v, h, m))],
         "linears": [mock.patch.object(type(m), "forward", lambda self, x: x.new_zeros(*x.shape[:-1], self.out_features))
                     for m in linears.values()],
-        "vocabulary": [mock.patch.object(decoder_module, "project", lambda d, states: states)],
+        "vocabulary": [mock.patch.object(step, "logits", lambda states: states)],
     }
 
     def timed(name: str) -> float:
         for patch in patches[name]:
             patch.start()
         try:
-            cache.rollback(CONTEXT)
             began = time.perf_counter()
-            decoder_module.project(model.decoder, decoder_module.decoder_hidden(
-                model.decoder, *run.inputs))
+            run()
             return (time.perf_counter() - began) * 1e3
         finally:
             for patch in patches[name]:
@@ -206,10 +204,9 @@ def operator_floor(model_name: str, compute_type: str, reps: int) -> float:
     dims = medusa_whisper.load_model(model_name, device="cpu").dims
     narrow = ModelDimensions(**{**vars(dims), "n_audio_state": 64, "n_audio_layer": 1, "n_text_state": 64})
     model = apply_compute_type(Whisper(narrow).eval(), compute_type)
-    run, cache = pass_runner(model, torch.randn(1, narrow.n_audio_ctx, 64), 1)
+    run, _ = pass_runner(model, torch.randn(1, narrow.n_audio_ctx, 64), 1)
     times = []
     for _ in range(reps + 1):
-        cache.rollback(CONTEXT)
         began = time.perf_counter()
         run()
         times.append((time.perf_counter() - began) * 1e3)
@@ -264,8 +261,8 @@ def main() -> None:
                     began = time.perf_counter()
                     fn()
                     times[t].append((time.perf_counter() - began) * 1e3)
-            for t, (fn, cache) in runners.items():
-                parts = pass_bytes(models[t], cache, rows)
+            for t, (fn, step) in runners.items():
+                parts = pass_bytes(models[t], step, rows)
                 total = sum(parts.values())
                 bandwidth = read_bandwidth(total)
                 floor_ms = total / bandwidth * 1e3

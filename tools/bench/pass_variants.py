@@ -5,7 +5,7 @@
 Each variant runs the same pass as ``python -m tools.bench pass`` (a cache of 60 tokens, then
 ``rows`` new rows, the int8 vocabulary projection), the variants interleaved, medians of ``--reps``:
 
-- the CPU's pass as loaded here (``decoder.decoder_hidden``; on CPUs with native bfloat16, row-
+- the CPU's pass as loaded here (``step.cpu.cpu_step``; on CPUs with native bfloat16, row-
   invariant attention over bfloat16 keys and values);
 - the same with that invariant attention in float32;
 - the same with PyTorch's fused attention kernel, one row at a time in a pass of several (what an
@@ -33,7 +33,9 @@ from torch import Tensor, nn
 
 import medusa_whisper
 from medusa_whisper.step import fixed
-from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.step.attention import chain_mask
+from medusa_whisper.step.cpu import cpu_step
+from medusa_whisper.step.projection import project
 from medusa_whisper.step.routes import isa_features, machine_id
 from tools.bench.decoder_pass import AUDIO, CONTEXT, profile_pass
 
@@ -41,15 +43,16 @@ Pass = Callable[[int, int], Tensor]  # (first new position, rows) -> logits of t
 
 
 def cpu_pass(model: nn.Module, features: Tensor, tokens: Tensor) -> Pass:
-    """The CPU's pass: rows [first, first + n) of ``tokens`` after the cache's first ``first`` slots."""
-    decoder = model.decoder
-    cache = new_cache(decoder, features)
-    decoder_hidden(decoder, tokens[:, :CONTEXT], torch.arange(CONTEXT), cache, 0, chain_mask(0, CONTEXT, "cpu"))
+    """The CPU's pass: rows [first, first + n) of ``tokens`` after the cache's first ``first`` slots
+    (written by the prompt or an earlier call). Made inside ``attention_as``: the step takes the
+    attention set there."""
+    step = cpu_step(model, 1, features.dtype)
+    step.set_audio(features)
+    step.pass_at(tokens[:, :CONTEXT], torch.arange(CONTEXT), 0, chain_mask(0, CONTEXT, "cpu"))
 
     def run(first: int, n: int) -> Tensor:
-        cache.rollback(first)
-        return project(decoder, decoder_hidden(decoder, tokens[:, first:first + n], torch.arange(first, first + n),
-                                               cache, first, chain_mask(first, n, "cpu")))
+        return step.logits(step.pass_at(tokens[:, first:first + n], torch.arange(first, first + n), first,
+                                        chain_mask(first, n, "cpu")))
     return run
 
 

@@ -2,8 +2,8 @@
 
     python -m tools.bench static-step --model base --compute-type int8 --rows 1,8 --compile [--cpp-wrapper]
 
-The package's pass (``decoder.decoder_hidden`` + ``decoder.project``) runs whisper's modules with
-explicit positions and masks, so shapes and Python work vary per pass. This file writes one decoder
+The package's pass on the CPU (``step.cpu.cpu_step``: whisper's modules called with explicit
+positions and masks, over the written slots) has shapes and Python work that vary per pass. This file writes one decoder
 step as a plain function over preallocated tensors (per-layer self-attention caches written in
 place, the window's cross-attention keys and values, q/k/v fused, a mask computed from positions),
 the form ``torch.compile`` (inductor, freezing) can turn into one graph per row count. It measures
@@ -28,7 +28,8 @@ from torch import Tensor
 
 import medusa_whisper
 from medusa_whisper.step.compute import Int8Linear
-from medusa_whisper.step.decoder import chain_mask, decoder_hidden, new_cache, project
+from medusa_whisper.step.attention import chain_mask
+from medusa_whisper.step.cpu import cpu_step
 from medusa_whisper.step.routes import isa_features, machine_id
 from tools import ROOT
 
@@ -82,11 +83,12 @@ class StaticStep:
                 fc1=_product(block.mlp[0]), fc2=_product(block.mlp[2]),
                 ln1=(block.attn_ln.weight, block.attn_ln.bias), ln2=(block.cross_attn_ln.weight, block.cross_attn_ln.bias),
                 ln3=(block.mlp_ln.weight, block.mlp_ln.bias)))
-        cache = new_cache(decoder, features)
+        window = cpu_step(model, 1, features.dtype)
+        window.set_audio(features)
         # float32 head-major cross keys/values, one contiguous tensor per layer (a view of one stacked
         # tensor written inside a compiled graph copies the whole stack)
-        self.cross_k = [k.float().contiguous() for k in cache.cross_attn.keys]
-        self.cross_v = [v.float().contiguous() for v in cache.cross_attn.values]
+        self.cross_k = [k.float().contiguous() for k in window.cross_keys]
+        self.cross_v = [v.float().contiguous() for v in window.cross_values]
         self.keys = [torch.zeros(1, self.n_head, self.capacity, d_head) for _ in range(self.n_layer)]
         self.values = [torch.zeros(1, self.n_head, self.capacity, d_head) for _ in range(self.n_layer)]
         self.slots = torch.arange(self.capacity)
@@ -126,7 +128,6 @@ def _median_ms(fn, reps: int) -> float:
 def measure(model_name: str, compute_type: str, rows_list: List[int], compile_step: bool, reps: int,
             context: int = 60, cpp_wrapper: bool = False) -> List[Dict]:
     model = medusa_whisper.load_model(model_name, device="cpu", compute_type=compute_type)
-    decoder = model.decoder
     mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(whisper.load_audio(str(AUDIO))), model.dims.n_mels)[None]
     results = []
     with torch.inference_mode():
@@ -134,14 +135,15 @@ def measure(model_name: str, compute_type: str, rows_list: List[int], compile_st
         # a cached context of ``context`` greedy tokens, in both the package's cache and the step's
         tokenizer = whisper.tokenizer.get_tokenizer(model.is_multilingual, language="en", task="transcribe")
         tokens = list(tokenizer.sot_sequence_including_notimestamps)
-        cache = new_cache(decoder, features)
+        package = cpu_step(model, 1, features.dtype)
+        package.set_audio(features)
         step = StaticStep(model, features)
         for position in range(context):
             t = torch.tensor([tokens[position]])
-            hidden = decoder_hidden(decoder, t[None], torch.tensor([position]), cache, position, None)
+            hidden = package.pass_at(t[None], torch.tensor([position]), position, None)
             step(t, torch.tensor([position]))
             if position + 1 >= len(tokens):
-                tokens.append(int(project(decoder, hidden)[0, -1].argmax()))
+                tokens.append(int(package.logits(hidden)[0, -1].argmax()))
         runs = {"eager": step}
         if compile_step:
             import torch._inductor.config as inductor_config
@@ -154,9 +156,7 @@ def measure(model_name: str, compute_type: str, rows_list: List[int], compile_st
             mask = chain_mask(context, rows, "cpu")
 
             def package_pass():
-                out = project(decoder, decoder_hidden(decoder, new[None], positions, cache, context, mask))
-                cache.rollback(context)
-                return out[0]
+                return package.logits(package.pass_at(new[None], positions, context, mask))[0]
             reference = package_pass()
             row = dict(compute_type=compute_type, rows=rows, package_ms=_median_ms(package_pass, reps))
             for name, fn in runs.items():
