@@ -421,7 +421,7 @@ def _convert_structure(model: nn.Module, compute_type: str, device_type: str, qu
     else:
         _swap_linears(encoder, make("half"))
     in_encoder = {id(m) for m in encoder.modules()}
-    # see decoder.attend: on the CPU, every verified row as if it were alone, which is what makes
+    # see cpu.CpuAttention: on the CPU, every verified row as if it were alone, which is what makes
     # lossless exact there. Not on CUDA: there a row's last bits can depend on its company whatever
     # is done (GEMM kernels are chosen by shape), and one product per row made every verification
     # row cost a pass (a CUDA run of base-ctc chose never to draft: 1.00 tokens per pass)

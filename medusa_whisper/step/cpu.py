@@ -266,7 +266,7 @@ class CpuProducts:
 
     def logits(self, states: Tensor) -> Tensor:
         """The next-token logits greedy decoding reads from states, float32: by the compute type's
-        projection, through a ``base_head`` model's head 0 first (``decoder.next_token_logits``)."""
+        projection, through a ``base_head`` model's head 0 first (``projection.next_token_logits``)."""
         return next_token_logits(self.model, states)
 
 
