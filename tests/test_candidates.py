@@ -8,6 +8,7 @@ import whisper
 
 import medusa_whisper
 from medusa_whisper.decoding.window import decode
+from medusa_whisper.step.fixed import FixedStep
 
 from helpers import feed, window_step
 
@@ -137,8 +138,8 @@ def test_an_int8_beam_runs_its_prompt_once_and_gets_the_numbers_of_every_copy(me
     from whisper.decoding import DecodingTask
     int8 = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
     firsts = []
-    real = candidates.FixedStep._blocks
-    monkeypatch.setattr(candidates.FixedStep, "_blocks",
+    real = FixedStep._blocks
+    monkeypatch.setattr(FixedStep, "_blocks",
                         lambda step, tokens, positions, *args, **kwargs:
                         (firsts.append(tokens.shape[0]) if int(positions.min()) == 0 else None)
                         or real(step, tokens, positions, *args, **kwargs))
@@ -172,8 +173,8 @@ def test_int8_candidates_pass_together_with_each_rows_logits_up_to_rounding(mel,
     tokens = torch.cat([torch.tensor([[50257, 50362]] * 4), torch.randint(0, 50256, (4, 6), generator=generator)], 1)
     features = int8.embed_audio(mel[None])
     seen = []
-    real = candidates.FixedStep._blocks
-    monkeypatch.setattr(candidates.FixedStep, "_blocks",
+    real = FixedStep._blocks
+    monkeypatch.setattr(FixedStep, "_blocks",
                         lambda *args, **kwargs: seen.append(together.together()) or real(*args, **kwargs))
 
     def fed(rows: torch.Tensor) -> list:

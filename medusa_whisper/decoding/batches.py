@@ -45,14 +45,13 @@ from . import loop
 from .candidates import on_fixed_step
 from .encoder_graph import audio_features as audio_features_of
 from ..step.compute import compute_type_of
-from ..step.cpu import cpu_step
+from ..step.cpu import step_on
 from .window import MedusaDecodingResult, decode, window_filters, window_result
 from ..drafting.base import ProposerStats
 from .loop import Generation
 from .rules import DeviceRules, RuleSettings
 from ..options import MedusaDecodingOptions, as_medusa_options
 from ..step.routes import table as routes_table
-from ..step.fixed import FixedStep
 from ..step.together import rows_together
 
 
@@ -313,8 +312,7 @@ class BatchDecoder:
         stream, features = open_stream(self.model, key, mel, options)
         task = stream.task
         if self.step is None:
-            make = FixedStep if self.products == "fixed" else cpu_step
-            self.step = make(self.model, self.batch_size, features.dtype, self.device)
+            self.step = step_on(self.products, self.model, self.batch_size, features.dtype, self.device)
         settings = RuleSettings.of(stream.filters, self.step.vocabulary.shape[0])
         if self.rules is None and settings is not None:
             self.rules = DeviceRules(settings, self.device, self.batch_size)

@@ -51,8 +51,7 @@ from . import loop
 from .draws import multinomial_one
 from .rules import DeviceRules, whisper_rules_first
 from ..step.compute import compute_type_of
-from ..step.cpu import cpu_step
-from ..step.fixed import FixedStep
+from ..step.cpu import step_on
 from ..step.together import rows_together
 
 
@@ -70,8 +69,7 @@ class _Rows:
 
     def __init__(self, model, rows: int, residual: torch.dtype, device: torch.device, products: str):
         self.model = model
-        self.step = FixedStep(model, rows, residual, device) if products == "fixed" else cpu_step(
-            model, rows, residual, device)
+        self.step = step_on(products, model, rows, residual, device)
         self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, 1, dtype=torch.long, device=device)
         self.out = torch.zeros(rows, self.step.vocabulary.shape[0], dtype=torch.float32, device=device)
@@ -91,7 +89,7 @@ class _Rows:
         positions = torch.arange(n, device=tokens.device)
         with rows_together():
             if self._one_prompt(tokens, k):
-                return self._prompt_once(tokens, positions)
+                return self._prompt_once(tokens)
             return self.step(tokens, positions.expand(tokens.shape[0], n))
 
     def _one_prompt(self, tokens: Tensor, k: int) -> bool:
@@ -102,13 +100,11 @@ class _Rows:
         return (not self.step.products.fixed_shapes and k > 1 and tokens.shape[0] == k
                 and compute_type_of(self.model) != "float32" and bool((tokens == tokens[:1]).all()))
 
-    def _prompt_once(self, tokens: Tensor, positions: Tensor) -> Tensor:
+    def _prompt_once(self, tokens: Tensor) -> Tensor:
         """The prompt pass over one copy of the prompt, its keys and values then copied to every
         candidate's slots: best_of 5 paid five prompt passes of up to 224 rows (0.45 s of base int8
         on one core) for one set of numbers."""
-        step, n = self.step, tokens.shape[1]
-        hidden = step._blocks(tokens[:1], positions[None], None, None, step.keys[:, :1], step.values[:, :1],
-                              step.cross_keys, step.cross_values, end=n)
+        hidden = self.step.prompt(tokens[:1], 0)
         self.reorder(torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device))
         return hidden.expand(tokens.shape[0], -1, -1)
 

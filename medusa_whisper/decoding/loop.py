@@ -53,8 +53,8 @@ from ..drafting.tree import CandidateTree
 from ..drafting.tree_layout import TreeLayout
 from .rules import DeviceRules, RuleSettings
 from ..options import MedusaDecodingOptions
-from ..step.cpu import cpu_step
-from ..step.fixed import FixedStep, supports as step_supports
+from ..step.cpu import step_on
+from ..step.fixed import supports as step_supports
 from ..step.together import rows_together
 
 MAX_NODES = 64  # the largest candidate tree a pass verifies (more nodes are left out)
@@ -170,8 +170,7 @@ class WindowDecoder:
         self.acceptance = acceptance
         # the step's products: the fixed-shape ones (dense, every slot: what CUDA captures), or the
         # CPU's (its compute type's kernels, row-invariant attention over the written slots)
-        self.step = FixedStep(model, 1, residual, self.device) if products == "fixed" else cpu_step(
-            model, 1, residual, self.device)
+        self.step = step_on(products, model, 1, residual, self.device)
         self.spec = spec
         self.capture = self.device.type == "cuda" if capture is None else capture
         if self.capture and self.device.type != "cuda":

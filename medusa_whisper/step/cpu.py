@@ -35,7 +35,7 @@ from whisper.model import MultiHeadAttention
 
 from .attention import attended_slots, invariant_attention, invariant_dtype, row_invariant
 from .cache import CrossKV
-from .fixed import FixedStep, Layer, UnsupportedStep, every_slot, heads, layer_forward, product_dtype
+from .fixed import FixedStep, Layer, UnsupportedStep, every_slot, heads, layer_forward, pass_plan, product_dtype
 from .projection import next_token_logits
 from .routes import WEIGHT_FIRST, route_for, weight_times_rows
 from .together import rows_together, together
@@ -295,19 +295,33 @@ class CpuBlock:
         cross = cross_cache([block], features)
         self.cross_keys, self.cross_values = cross.keys[0], cross.values[0]
 
+    fixed_shapes = False  # (it is its own products for ``fixed.pass_plan``)
+
+    def slots_read(self, end: int, n_ctx: int) -> int:
+        return slots_read(self.attention, end, n_ctx, self.dtype, self.n_head, self.keys.shape[-1])
+
     def pass_at(self, x: Tensor, start: int, mask: Optional[Tensor]) -> Tensor:
         """The block over rows x, shape = (1, rows, n_state), written at slots [start, start + rows)
         (what was there after ``start`` is the past's: rejected drafts); mask : (rows, start + rows)
         bool, where each row may attend (None: one row). Returns the block's output."""
         n = x.shape[1]
-        read = slots_read(self.attention, start + n, self.n_ctx, self.dtype, self.n_head, self.keys.shape[-1])
-        allowed = self.attention.prepare(every_slot(mask, start, n, self.n_ctx, x.device)[..., :read])
-        where = self.attention.where(None, start, self.n_head, self.keys.shape[-1])
+        slots = torch.arange(start, start + n, device=x.device)[None]
+        allowed, where, read = pass_plan(self, every_slot(mask, start, n, self.n_ctx, x.device), slots, start + n,
+                                         self.n_head, self.keys.shape[-1], self.n_ctx)
         return layer_forward(self.layer, x, self.keys, self.values, self.cross_keys, self.cross_values, allowed, where,
-                             self.n_head, self.attention, read if read < self.n_ctx else None)
+                             self.n_head, self.attention, read)
 
 
 def cpu_step(model: nn.Module, batch: int = 1, residual: torch.dtype = torch.float32,
              device: Optional[torch.device] = None) -> FixedStep:
     """The one decoder step over the CPU's products, for ``batch`` windows side by side."""
     return FixedStep(model, batch, residual, device, products=CpuProducts(model, residual))
+
+
+def step_on(products: str, model: nn.Module, batch: int = 1, residual: torch.dtype = torch.float32,
+            device: Optional[torch.device] = None) -> FixedStep:
+    """The one decoder step over the products a decoder chose: "fixed" (``fixed.DenseProducts``) or
+    "cpu" (``CpuProducts``)."""
+    if products == "fixed":
+        return FixedStep(model, batch, residual, device)
+    return cpu_step(model, batch, residual, device)

@@ -221,6 +221,24 @@ def every_slot(mask: Optional[Tensor], start: int, n: int, n_ctx: int, device) -
     return allowed
 
 
+def pass_plan(products, allowed: Tensor, slots: Tensor, end: Optional[int], n_head: int, d_head: int,
+              n_ctx: int):
+    """What every layer of one pass shares, made once: the mask as the products' attention takes it,
+    where the rows' keys and values go, and the slots attended (None: every one).
+
+    allowed : (batch, rows, n_ctx) bool; slots : (batch, rows), where the rows are written
+    end     : where the rows' slots are consecutive up to it, the slot after the last (None: read
+              from ``slots`` on the host, where the products attend only the written slots)
+    """
+    attention = products.attention
+    start = None if end is None else end - slots.shape[1]
+    if products.fixed_shapes:
+        return attention.prepare(allowed), attention.where(slots, start, n_head, d_head), None
+    read = products.slots_read(int(slots.max()) + 1 if end is None else end, n_ctx)
+    return (attention.prepare(allowed[..., :read]), attention.where(slots, start, n_head, d_head),
+            read if read < n_ctx else None)
+
+
 class DenseProducts:
     """The fixed-shape step's own products: every linear layer dense in the products' dtype (int8
     weights dequantised once), the vocabulary the tied embedding in it, PyTorch's fused attention
@@ -361,21 +379,14 @@ class FixedStep:
         """``forward`` over caches of shape (n_layer, batch, ...), written in place. ``end``: where
         the rows' slots are consecutive up to it, the slot after the last (the CPU's products attend
         up to it; read from ``slots`` when not given)."""
-        batch, rows = tokens.shape
-        n_state, n_head = self.n_state, self.n_head
         x = self.products.embed(tokens, positions)
         allowed = self.chain_mask(positions) if mask is None else mask  # (batch, rows, n_ctx)
         slots = positions if slots is None else slots
-        index = self.products.attention.where(slots, None if end is None else end - rows, n_head, n_state // n_head)
-        read = self.n_ctx
-        if not self.products.fixed_shapes:  # the slots up to the pass's end (a host read), not every one
-            read = self.products.slots_read(int(slots.max()) + 1 if end is None else end, self.n_ctx)
-            allowed = allowed[..., :read]
-        allowed = self.products.attention.prepare(allowed)
-        read = read if read < self.n_ctx else None
+        allowed, index, read = pass_plan(self.products, allowed, slots, end, self.n_head,
+                                         self.n_state // self.n_head, self.n_ctx)
         for i, layer in enumerate(self.layers):
-            x = layer_forward(layer, x, keys[i], values[i], cross_keys[i], cross_values[i], allowed, index, n_head,
-                              self.products.attention, read)
+            x = layer_forward(layer, x, keys[i], values[i], cross_keys[i], cross_values[i], allowed, index,
+                              self.n_head, self.products.attention, read)
         return layer_norm(x, self.final_ln)
 
     def prompt_at(self, tokens: Tensor, positions: Tensor, item: Tensor) -> Tensor:
