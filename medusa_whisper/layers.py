@@ -50,20 +50,22 @@ LAYERS: Tuple[Layer, ...] = (
                            "linears, and the decoder's projection for its compute type)",
           ("medusa_whisper.step.compute",)),
     Layer("step", "step/: the one decoder step (fixed.FixedStep) over dense products (what CUDA graphs replay) "
-                  "or the CPU's (cpu.CpuProducts, and cpu.CpuBlock for a draft head's block); drafting/heads: the Medusa "
+                  "or the CPU's (cpu.CpuProducts), and a draft head's block on either (fixed.DraftBlock); drafting/heads: the Medusa "
                   "head modules",
           ("medusa_whisper.step.fixed", "medusa_whisper.step.cpu",
            "medusa_whisper.drafting.heads")),
-    Layer("drafters", "drafting/: draft head modules, the proposers (on the host, and inside the fixed-shape pass: "
-                      "drafting.device), and the one factory that builds a proposer from the options; draft_head "
+    Layer("drafters", "drafting/: draft head modules, the proposers (inside the pass: drafting.device, driven between "
+                      "passes where the host accepts: device.hosted; the draft model's and the CTC head's on the "
+                      "host), and the one factory that builds a proposer from the options; draft_head "
                       "loads eagle/ctc/union by name (importlib), unseen by ast",
           ("medusa_whisper.drafting.draft_head", "medusa_whisper.drafting.ctc_units",
            "medusa_whisper.drafting.ctc_draft", "medusa_whisper.drafting.ctc_lexicon",
            "medusa_whisper.drafting.ctc_proposer", "medusa_whisper.drafting.ctc", "medusa_whisper.drafting.eagle",
-           "medusa_whisper.drafting.union", "medusa_whisper.drafting.medusa", "medusa_whisper.drafting.draft_model",
+           "medusa_whisper.drafting.union", "medusa_whisper.drafting.draft_model",
            "medusa_whisper.drafting.replay", "medusa_whisper.drafting.pass_costs",
            "medusa_whisper.drafting.device.medusa", "medusa_whisper.drafting.device.eagle",
            "medusa_whisper.drafting.device.ctc", "medusa_whisper.drafting.device.union",
+           "medusa_whisper.drafting.device.hosted",
            "medusa_whisper.drafting.factory")),
     Layer("decoding", "decoding/: whisper's rules as tensor operations (rules), the host's acceptance (acceptance), "
                       "the one loop of a window (loop), knowing proposers only through the seam; best_of and beams "

@@ -57,8 +57,9 @@ def test_plain_decoding_on_the_cpus_products_is_the_eager_loops(compute_type, mo
                                         ("tiny.en-eagle", dict(tree_width=2, tree_nodes=6)),
                                         ("tiny.en-ctc", {}), ("tiny.en-medusa", {})])
 def test_speculation_on_the_cpus_int8_products_is_plain_int8_greedy(name, extra, monkeypatch):
-    """Bit-exact lossless at int8: the in-pass proposers' tokens and a host proposer's (same passes
-    as the eager loop) are plain decoding's, every row multiplied and attended as alone."""
+    """Bit-exact lossless at int8: the proposers' tokens, verified in the pass by the device's
+    acceptance and between passes by the host's (the CPU's default, same passes as ``decode``), are
+    plain decoding's, every row multiplied and attended as alone."""
     model = medusa_whisper.load_model(name, device="cpu", compute_type="int8")
     monkeypatch.setenv(loop.STEP_ENV, "eager")
     for clip in (REAL, CLIPS[0]):
@@ -71,8 +72,8 @@ def test_speculation_on_the_cpus_int8_products_is_plain_int8_greedy(name, extra,
         generation = in_pass.generate(task, features, list(task.initial_tokens), task.logit_filters, ProposerStats())
         assert generation.tokens[task.sample_begin:] == expected, clip.name
         assert generation.decoder_steps < len(expected)
-        proposer = make_proposer(model, features, "en", opts, task)
-        host_loop = WindowDecoder(model, torch.float32, torch.device("cpu"), products="cpu")
+        host_loop = loop.decoder_for(model, features, opts)  # the CPU's: the host's acceptance
+        proposer = make_proposer(model, features, "en", opts, task, in_pass=host_loop.proposer)
         generation = host_loop.generate(task, features, list(task.initial_tokens), task.logit_filters,
                                         ProposerStats(), proposer)
         assert generation.tokens[task.sample_begin:] == expected, clip.name

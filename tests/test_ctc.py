@@ -176,7 +176,7 @@ def test_replay_counts_the_passes_the_decoding_loop_takes(tiny, jfk_mel):
                 settings = DraftSettings(jacobi=False)
                 tiny.draft_head = FixedDraft(text, settings=settings)
                 result = medusa_whisper.decode(tiny, jfk_mel, language="en", without_timestamps=without_timestamps)
-                proposer = factory.head_proposer(FixedDraft(text, settings=settings), tiny, None, "en", replace(
+                proposer = factory.head_proposer(FixedDraft(text, settings=settings), tiny, None, tokenizer, replace(
                     MedusaDecodingOptions(), without_timestamps=without_timestamps))
                 replayed = replay(proposer, initial, expected.tokens + [tokenizer.eot], tokenizer.eot,
                                   proposer.settings)
@@ -270,8 +270,9 @@ def test_pass_costs_are_measured_here_once_per_model_and_compute_type(tiny, jfk_
     for model in models:
         assert model.draft_head.draft_settings().row_costs is None
         features = model.embed_audio(jfk_mel[None])
-        first = factory.head_proposer(model.draft_head, model, features, "en", options).settings
-        again = factory.head_proposer(model.draft_head, model, features, "en", options).settings
+        tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language="en")
+        first = factory.head_proposer(model.draft_head, model, features, tokenizer, options).settings
+        again = factory.head_proposer(model.draft_head, model, features, tokenizer, options).settings
         assert first.row_costs == again.row_costs
         assert len(first.row_costs) == len(first.cost_rows) and first.row_costs[0] == 1.0
         assert all(cost > 0 for cost in first.row_costs) and first.row_costs[-1] > 1.0

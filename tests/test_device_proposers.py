@@ -1,7 +1,8 @@
-"""Proposers that draft inside the fixed-shape pass (drafting/device/) against the host's.
+"""Proposers that draft inside the fixed-shape pass (drafting/device/).
 
-The Medusa heads and the EAGLE head compute what their host proposers compute, so their proposals
-must be the same trees; the CTC draft keeps its pointer by other rules than the host's edit-distance
+The Medusa heads' and the EAGLE head's trees are built at fixed shapes by tensor programs, so they
+are checked against the same trees built node by node on the host (reference_drafts), on the
+fixed-shape step's products and on the CPU's, where the same proposer is driven between passes; the CTC draft keeps its pointer by other rules than the host's edit-distance
 alignment, so its moves are checked one by one. Whatever they propose, decoding must give plain
 greedy decoding's tokens (lossless), and a pass with its proposer must trace with
 ``fullgraph=True`` (no read of a tensor by the host, which a CUDA graph could not replay).
@@ -14,6 +15,7 @@ import warnings
 import pytest
 import soundfile
 import torch
+import torch.nn.functional as F
 import whisper
 from whisper.decoding import DecodingOptions, DecodingTask
 from whisper.tokenizer import get_tokenizer
@@ -28,15 +30,16 @@ from medusa_whisper.drafting.device.ctc import Chunk, DeviceCtc, vocabulary_byte
 from medusa_whisper.drafting.device.eagle import DeviceEagle
 from medusa_whisper.drafting.device.medusa import DeviceMedusa
 from medusa_whisper.drafting.device.union import DeviceUnion
-from medusa_whisper.drafting.eagle import EagleProposer
-from medusa_whisper.drafting.medusa import MedusaProposer
+from medusa_whisper.drafting.device.hosted import Hosted
 from medusa_whisper.drafting.tree import CandidateTree
 from medusa_whisper.drafting.tree_layout import TreeLayout, pack_on_device
 from medusa_whisper.decoding.loop import WindowDecoder
+from medusa_whisper.step.cpu import step_on
 from medusa_whisper.step.fixed import FixedStep
 
 from conftest import CLIPS, DATA
 from helpers import random_model, randomize_heads
+from reference_drafts import best_first, eagle_chain, eagle_tree
 
 REAL = DATA / "real" / "jfk.flac"
 
@@ -106,54 +109,95 @@ def advance_prompt(proposer, step, model, features, prompt):
     return history, hidden
 
 
-def test_device_medusa_trees_are_the_hosts_best_first_trees():
+@pytest.mark.parametrize("products", ["fixed", "cpu"])
+def test_device_medusa_trees_are_the_best_first_trees(products):
+    """The Medusa heads' tree, scored by one path matrix and a stable sort, on either step's
+    products, is the Medusa paper's best-first tree of the heads' own top tokens (built with a heap)."""
     model = randomize_heads(random_model(MedusaConfig(num_heads=3)), std=0.2)
-    step = FixedStep(model)
+    step = step_on(products, model)
+    heads, embedding = model.medusa, model.decoder.token_embedding.weight
     for width, nodes in ((2, 5), (3, 10), (2, 14)):
-        device = DeviceMedusa(model.medusa, step, 3, width, nodes)
-        host = MedusaProposer(model.medusa, model.decoder, torch.zeros(1, 1500, 384), 3, width, nodes)
+        device = DeviceMedusa(heads, step, 3, width, nodes)
         for seed in range(3):
             torch.manual_seed(seed)
             state = torch.randn(1, 1, 384)
             with torch.no_grad():
                 device.advance(state, torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, dtype=torch.long),
                                torch.ones(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), nodes)
-                host.head_input = state[:, 0]
-                tree = host.propose()
+                logits = heads.proposal_logits(heads.head_states(state[:, 0], 3), embedding)[0]
+            logprobs, columns = F.log_softmax(logits, dim=-1).topk(width, dim=-1)
+            tree = best_first([(heads.proposal_ids(columns[k]).tolist(), logprobs[k].tolist()) for k in range(3)],
+                              nodes)
             assert torch.equal(device.layout(nodes), TreeLayout.pack(tree, len(tree))), (width, nodes, seed)
 
 
+def committed_feature(eagle, states, history, start, count):
+    """The drafted feature after a commit that ``eagle`` took: its block's output at the last
+    committed row, run again (it rewrites that row's slot as it was)."""
+    last = start + count - 1
+    x = eagle._fused(states[:, count - 1:count], history[:, last + 1:last + 2], torch.tensor([[last + 1]]))
+    slot = torch.tensor([[last]])
+    return eagle._block(x, slot, eagle.slots <= slot[..., None])[0, 0]
+
+
+@pytest.mark.parametrize("products", ["fixed", "cpu"])
 @pytest.mark.parametrize("width,nodes", [(1, 4), (3, 8)], ids=["chain", "tree"])
-def test_device_eagle_drafts_are_the_host_proposers(width, nodes, tiny_en_eagle, features):
-    """After the prompt, and after a pass that committed three more tokens."""
+def test_device_eagle_drafts_are_eagles_chain_and_tree(width, nodes, products, tiny_en_eagle, features):
+    """After the prompt, and after a pass that committed three more tokens, on either step's
+    products: the chain of the head's own tokens, or EAGLE-2's tree grown node by node on the host
+    (reference_drafts), from the same head."""
     model = tiny_en_eagle
-    step = FixedStep(model)
+    step = step_on(products, model)
     depth = 4
     device = DeviceEagle(model.draft_head, step, depth, width, nodes)
-    host = EagleProposer(model.draft_head, model.decoder, features, depth, width, nodes)
+    reference = DeviceEagle(model.draft_head, step, depth, width, nodes)  # its block, fusion and shortlist
     prompt = [50257, 50362]
     history, hidden = advance_prompt(device, step, model, features, prompt)
+    reference.begin(features, None)
 
-    def proposal(tree_nodes):
-        return device.layout(tree_nodes) if width > 1 else device.tokens
+    def check(states, start, count):
+        with torch.no_grad():
+            reference.advance(states, history, torch.tensor([start]), torch.tensor([count]),
+                              torch.zeros(1, 1, dtype=torch.long), None)
+            feature = committed_feature(reference, states, history, start, count)
+            committed = start + count
+            if width == 1:
+                assert device.tokens[0].tolist() == eagle_chain(reference, feature, committed, depth)
+            else:
+                tree = eagle_tree(reference, feature, committed, depth, width, nodes)
+                assert torch.equal(device.layout(nodes), TreeLayout.pack(tree, len(tree)))
 
-    def host_proposal(tree):
-        return TreeLayout.pack(tree, len(tree)) if width > 1 else torch.tensor([tree.tokens])
-
+    check(hidden, 0, len(prompt))
     with torch.no_grad():
-        host.commit(Committed(tokens=prompt, hidden=hidden, position=0, next_token=int(history[0, 2]), n_accepted=0,
-                              n_proposed=0))
-        assert torch.equal(proposal(nodes), host_proposal(host.propose()))
         # a pass over the pending token and three candidates, of which two are accepted
         fed = torch.tensor([[int(history[0, 2]), 843, 523, 616]])
         history[0, 3:5] = fed[0, 1:3]
         history[0, 5] = 5891  # the verifier's own next token
         states = step(fed, torch.arange(2, 6)[None])
-        start = torch.tensor([2])
-        device.advance(states, history, start, torch.tensor([3]), torch.zeros(1, 4, dtype=torch.long), nodes)
-        host.commit(Committed(tokens=fed[0, :3].tolist(), hidden=states[:, :3], position=2, next_token=5891,
-                              n_accepted=2, n_proposed=3))
-        assert torch.equal(proposal(nodes), host_proposal(host.propose()))
+        device.advance(states, history, torch.tensor([2]), torch.tensor([3]), torch.zeros(1, 4, dtype=torch.long), nodes)
+    check(states[:, :3], 2, 3)
+
+
+@pytest.mark.parametrize("width,nodes", [(1, 4), (3, 8)], ids=["chain", "tree"])
+def test_the_eagle_heads_one_proposer_drafts_alike_on_both_products(width, nodes, tiny_en_eagle, features):
+    """One proposer on every device: on the CPU's products, driven between passes (``Hosted``), it
+    drafts what it drafts in the fixed-shape pass."""
+    model = tiny_en_eagle
+    fixed, cpu = step_on("fixed", model), step_on("cpu", model)
+    in_pass = DeviceEagle(model.draft_head, fixed, 4, width, nodes)
+    hosted = Hosted(DeviceEagle(model.draft_head, cpu, 4, width, nodes), features, None, fixed.n_ctx)
+    prompt = [50257, 50362]
+    history, hidden = advance_prompt(in_pass, fixed, model, features, prompt)
+    with torch.no_grad():
+        hosted.commit(Committed(tokens=prompt, hidden=hidden, position=0, next_token=int(history[0, 2]),
+                                n_accepted=0, n_proposed=0))
+        tree = hosted.propose()
+    expected = TreeLayout.unpack(in_pass.layout(nodes), nodes) if width > 1 else None
+    if width == 1:
+        assert tree == CandidateTree.chain(in_pass.tokens[0].tolist())
+    else:
+        assert list(tree.tokens) == expected.tokens.tolist()
+        assert [p + 1 for p in tree.parents] == expected.parent_rows.tolist()
 
 
 class SpelledHead:
@@ -270,7 +314,8 @@ def test_a_union_shares_the_nodes_both_parts_propose(tiny_en, tiny_en_eagle):
     assert layout.valid.all() and layout.parent_rows.tolist() == [0, 1, 2, 0, 4, 5]
 
 
-DEVICE_PROPOSERS = [("tiny.en-medusa", dict(tree_width=3, tree_nodes=6)), ("tiny.en-eagle", dict(draft_tokens=3)),
+DEVICE_PROPOSERS = [("tiny.en-medusa", dict(tree_width=3, tree_nodes=6)), ("tiny.en-medusa-block", {}),
+                    ("tiny.en-eagle", dict(draft_tokens=3)),
                     ("tiny.en-eagle", dict(tree_width=2, tree_nodes=6)), ("tiny.en-ctc", {}),
                     ("tiny.en-ctc", dict(ctc=dict(branch_in_pass=True))), ("tiny.en-ctc+eagle", dict(draft_tokens=2))]
 
@@ -308,7 +353,7 @@ def test_device_proposers_give_greedy_tokens(name, extra, monkeypatch):
             assert fixed.decoder_steps < fixed.tokens_produced  # candidates were accepted
             if "ctc" not in name:
                 assert fixed.decoder_steps == host.decoder_steps, (clip.name, timestamps)
-    decoder = next(d for d in model.fixed_decoders.values() if d.proposer is not None)
+    decoder = next(d for d in model.fixed_decoders.values() if d.drafts_in_pass)
     assert decoder.proposer is not None and not decoder.trees  # no tree came from the host
     if "ctc" in extra or name.endswith("-ctc"):  # tree passes where, and only where, the second branch goes
         trees = [key for key in decoder.passes if key[1] == "tree"]
@@ -332,7 +377,7 @@ def test_one_host_read_per_pass_with_a_device_proposer(monkeypatch):
     model = medusa_whisper.load_model("tiny.en-ctc", device="cpu")
     monkeypatch.setenv(loop.STEP_ENV, "fixed")
     result = decode(model, mel_of(REAL), options())
-    decoder = next(d for d in model.fixed_decoders.values() if d.proposer is not None)
+    decoder = next(d for d in model.fixed_decoders.values() if d.drafts_in_pass)
     reads = decoder.host_reads
     result = decode(model, mel_of(REAL), options())
     assert decoder.host_reads - reads == result.decoder_steps  # the prefill's read, then one per pass
@@ -363,10 +408,11 @@ def test_several_passes_per_read_give_the_same_tokens(name, extra, monkeypatch):
         assert decoder.host_reads - reads <= 1 + (grouped.decoder_steps + 2) // 3 + 3, clip.name
 
 
-PASSES_ON_CUDA = [("-medusa", dict(tree_width=3)), ("-eagle", dict(draft_tokens=2)),
+PASSES_ON_CUDA = [("-medusa", dict(tree_width=3)), ("-medusa-block", {}), ("-eagle", dict(draft_tokens=2)),
                   ("-eagle", dict(tree_width=3, tree_nodes=8)), ("-ctc", {}),
                   ("-ctc", dict(ctc=dict(branch_in_pass=True))), ("-ctc+eagle", dict(draft_tokens=2))]
-PASSES = [("tiny.en-medusa", dict(tree_width=3)), ("tiny.en-eagle", dict(draft_tokens=2)),
+PASSES = [("tiny.en-medusa", dict(tree_width=3)), ("tiny.en-medusa-block", dict(tree_width=2)),
+          ("tiny.en-eagle", dict(draft_tokens=2)),
           ("tiny.en-eagle", dict(tree_width=2, tree_nodes=5, draft_tokens=3)), ("tiny.en-ctc", {}),
           ("tiny.en-ctc+eagle", dict(draft_tokens=2))]
 

@@ -13,7 +13,9 @@ from medusa_whisper import decode
 from medusa_whisper.audio.files import load_audio
 from medusa_whisper.drafting.base import Committed
 from medusa_whisper.drafting.draft_head import draft_head_file
-from medusa_whisper.drafting.eagle import EagleProposer
+from medusa_whisper.drafting.device.eagle import DeviceEagle
+from medusa_whisper.drafting.device.hosted import Hosted
+from medusa_whisper.step.cpu import cpu_step
 from medusa_whisper.training import eagle, features
 
 from conftest import DATA
@@ -52,7 +54,7 @@ def test_a_short_training_run_lowers_the_held_out_loss(tiny_en, shard, trained):
     untrained = eagle.new_head(tiny_en, shard, QUICK)
     columns = torch.full((51864,), eagle.IGNORE, dtype=torch.long)
     columns[untrained.token_ids] = torch.arange(len(untrained.token_ids))
-    before = eagle.evaluate(untrained, tiny_en.decoder, shard, columns, QUICK)
+    before = eagle.evaluate(untrained, tiny_en, shard, columns, QUICK)
     after = state.history[-1]["heldout"]
     assert after["loss"] < before["loss"] - 0.5
     assert after["first_token_accuracy"] > before["first_token_accuracy"]
@@ -83,7 +85,7 @@ def test_a_heads_file_scores_as_the_trainer_scored_it(tiny_en, shard, trained, t
     columns = torch.full((51864,), eagle.IGNORE, dtype=torch.long)
     columns[head.token_ids] = torch.arange(len(head.token_ids))
     cfg = replace(QUICK, simulate_windows=len(shard.tokens))
-    direct = eagle.evaluate(head, tiny_en.decoder, shard, columns, cfg, eagle.feature_scale(shard))
+    direct = eagle.evaluate(head, tiny_en, shard, columns, cfg, eagle.feature_scale(shard))
     path = tmp_path / "tiny.en-eagle.pt"
     torch.save(draft_head_file(head, "tiny.en", {}), path)
     from_file = score(load_heads(path), tiny_en, shard, cfg.simulate_depth, None, cfg.batch_windows)
@@ -104,19 +106,24 @@ def test_rolled_back_draft_cache_equals_a_fresh_one_of_the_committed_tokens(tiny
     tokens, begin = shard.tokens[0], shard.sample_begin[0]
     hidden = shard.hidden[: len(tokens)].float()[None]
     audio = shard.audio_features[:1].float()
-    stepwise = EagleProposer(head, tiny_en.decoder, audio, depth=4, width=2, max_nodes=6)
+    stepwise = eagle_proposer(head, tiny_en, audio)
     stepwise.commit(Committed(tokens[:begin], hidden[:, :begin], 0, tokens[begin], 0, 0))
     assert len(stepwise.propose()) == 6  # drafted rows written after the committed ones ...
     n = begin + 5
-    stepwise.commit(Committed(tokens[begin:n], hidden[:, begin:n], begin, tokens[n], 2, 6))  # ... dropped here
+    stepwise.commit(Committed(tokens[begin:n], hidden[:, begin:n], begin, tokens[n], 2, 6))  # ... written over here
 
-    fresh = EagleProposer(head, tiny_en.decoder, audio, depth=4, width=2, max_nodes=6)
+    fresh = eagle_proposer(head, tiny_en, audio)
     fresh.commit(Committed(tokens[:n], hidden[:, :n], 0, tokens[n], 0, 0))
-    assert stepwise.committed == fresh.committed == n
-    torch.testing.assert_close(stepwise.block.keys[..., :n, :], fresh.block.keys[..., :n, :], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(stepwise.next_feature, fresh.next_feature, atol=1e-5, rtol=1e-5)
+    blocks = stepwise.proposer.block, fresh.proposer.block
+    torch.testing.assert_close(blocks[0].keys[..., :n, :], blocks[1].keys[..., :n, :], atol=1e-5, rtol=1e-5)
     a, b = stepwise.propose(), fresh.propose()
     assert (a.tokens, a.parents) == (b.tokens, b.parents)
+
+
+def eagle_proposer(head, model, audio):
+    """The head's proposer on the CPU's step, driven between passes as the CPU's loop drives it."""
+    return Hosted(DeviceEagle(head, cpu_step(model), depth=4, width=2, max_nodes=6), audio, None,
+                  model.dims.n_text_ctx)
 
 
 def test_replay_counts_what_decoding_counts(tiny_en, trained, tiny_en_cache, tmp_path, monkeypatch):
@@ -124,7 +131,7 @@ def test_replay_counts_what_decoding_counts(tiny_en, trained, tiny_en_cache, tmp
     same windows (up to the fp16 rounding of the cache)."""
     head, _ = trained
     shard = features.load_cache(tiny_en_cache)
-    replay = eagle.simulate(head, tiny_en.decoder, shard, depth=5, windows=2)
+    replay = eagle.simulate(head, tiny_en, shard, depth=5, windows=2)
     model = _with_head(head, tmp_path, monkeypatch)
     produced = steps = 0
     for r in range(2):

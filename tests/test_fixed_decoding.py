@@ -21,7 +21,7 @@ import medusa_whisper
 from medusa_whisper import MedusaConfig, decode
 from medusa_whisper.decoding import loop
 from medusa_whisper.step.projection import project
-from medusa_whisper.drafting.tree import CandidateTree, best_first
+from medusa_whisper.drafting.tree import CandidateTree
 from medusa_whisper.drafting.base import Proposer, ProposerStats
 from medusa_whisper.drafting.factory import DeviceSpec, make_proposer
 from medusa_whisper.decoding.loop import WindowDecoder, decoder_for
@@ -30,6 +30,7 @@ from medusa_whisper.drafting.tree_layout import TreeLayout
 
 from conftest import CLIPS, DATA
 from helpers import random_model, randomize_heads, window_step
+from reference_drafts import best_first
 
 REAL = DATA / "real" / "jfk.flac"
 
@@ -236,7 +237,8 @@ def test_host_proposers_trees_verified_on_the_device_as_by_the_eager_loop(name, 
         with torch.no_grad():
             features = model.embed_audio(mel[None])
         task = DecodingTask(model, opts)
-        proposer = make_proposer(model, features, "en", opts, task)
+        in_pass = decoder_for(model, features, opts).proposer  # the CPU's, driven between passes
+        proposer = make_proposer(model, features, "en", opts, task, in_pass=in_pass)
         decoder = WindowDecoder(model, torch.float32, torch.device("cpu"))
         stats = ProposerStats()
         fixed = decoder.generate(task, features, list(task.initial_tokens), task.logit_filters, stats, proposer)
@@ -294,8 +296,12 @@ def test_what_the_fixed_step_leaves_to_the_host(monkeypatch):
 
     assert decoder_for(linear, features, options()).spec == DeviceSpec("medusa", 2, 1, 2)  # drafts in the pass
     assert decoder_for(linear, features, options(tree_width=2)).spec == DeviceSpec("medusa", 2, 2, 4)
-    assert decoder_for(block, features, options()).proposer is None  # Medusa-Block drafts on the host
+    assert decoder_for(block, features, options()).drafts_in_pass  # its block too
     assert decoder_for(linear, features, options(mode="off")).proposer is None
+    # where the host accepts, the same proposer is driven between passes
+    typical = decoder_for(block, features, options(mode="typical"))
+    assert typical.acceptance == "host" and typical.spec == DeviceSpec("medusa", 2, 1, 2)
+    assert not typical.drafts_in_pass
     assert acceptance(linear, mode="typical") == acceptance(linear, lossy_ctc_entropy=0.5) == "host"
     assert acceptance(base_head, mode="off") == "host"  # its logits go through head 0
     assert acceptance(linear) == "device"

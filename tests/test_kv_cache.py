@@ -9,7 +9,8 @@ from medusa_whisper import MedusaConfig
 from medusa_whisper.step.attention import chain_mask
 from medusa_whisper.step.projection import project
 from medusa_whisper.drafting.base import Committed
-from medusa_whisper.drafting.medusa import MedusaProposer
+from medusa_whisper.drafting.device.hosted import Hosted
+from medusa_whisper.drafting.device.medusa import DeviceMedusa
 
 from helpers import feed, random_model, window_step
 
@@ -25,10 +26,20 @@ def setup():
 
 
 def commit_to_block(proposer, hidden, start):
-    """Tell a Medusa-Block proposer that the tokens behind ``hidden`` were committed at ``start``."""
+    """Tell a Medusa-Block proposer on the CPU's step that the rows ``hidden`` were committed at
+    ``start``; the block's output at the last of them (what its heads read)."""
     proposer.commit(Committed(tokens=[0] * hidden.shape[1], hidden=hidden, position=start, next_token=0,
                               n_accepted=0, n_proposed=0))
-    return proposer.head_input
+    medusa = proposer.proposer
+    slots = torch.arange(start + hidden.shape[1] - 1, start + hidden.shape[1])[None]
+    # the last row again: it writes its slot's keys and values as they were, and reads the slots before
+    return medusa.block(hidden[:, -1:], slots, medusa.slots <= slots[..., None])
+
+
+def block_proposer(model, audio):
+    """The Medusa-Block heads' proposer on the CPU's step, driven between passes as the CPU's loop drives it."""
+    medusa = DeviceMedusa(model.medusa, window_step(model, audio), 3)
+    return Hosted(medusa, audio, None, model.dims.n_text_ctx)
 
 
 def filled(step, n):
@@ -59,14 +70,15 @@ def test_medusa_block_sees_commits_in_pieces_as_one_token_at_a_time(setup):
     time, its cache and its output at the last token are the same."""
     model, audio = setup
     hidden = feed(window_step(model, audio), TOKENS, 0)
-    chunked = MedusaProposer(model.medusa, model.decoder, audio, num_heads=3)
+    chunked = block_proposer(model, audio)
     for lo, hi in [(0, 4), (4, 5), (5, len(TOKENS))]:
         out_chunked = commit_to_block(chunked, hidden[:, lo:hi], lo)
-    single = MedusaProposer(model.medusa, model.decoder, audio, num_heads=3)
+    single = block_proposer(model, audio)
     for i in range(len(TOKENS)):
         out_single = commit_to_block(single, hidden[:, i : i + 1], i)
     n = len(TOKENS)
-    torch.testing.assert_close(chunked.block.keys[..., :n, :], single.block.keys[..., :n, :], atol=1e-5, rtol=1e-5)
+    blocks = chunked.proposer.block, single.proposer.block
+    torch.testing.assert_close(blocks[0].keys[..., :n, :], blocks[1].keys[..., :n, :], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out_chunked, out_single, atol=1e-5, rtol=1e-5)
     assert len(chunked.propose()) == 3
 

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from medusa_whisper import MedusaConfig
-from medusa_whisper.drafting.tree import CandidateTree, best_first, top_nodes
+from medusa_whisper.drafting.tree import CandidateTree
 
 from helpers import feed, random_model, window_step
+from reference_drafts import best_first, top_nodes
 
 CONTEXT = [50257, 50362, 440, 1500, 286]
 # root -> 262 -> 3329 -> 318

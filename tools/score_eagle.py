@@ -44,7 +44,7 @@ def score(heads: dict, model, shard: features.Shard, depth: int = 5, windows: Op
     columns[head.token_ids] = torch.arange(len(head.token_ids))
     cfg = eagle.EagleTrainConfig(shortlist=head.config.shortlist, batch_windows=batch_windows, simulate_depth=depth,
                                  simulate_windows=windows if windows is not None else len(shard.tokens))
-    return eagle.evaluate(head, model.decoder, shard, columns, cfg)
+    return eagle.evaluate(head, model, shard, columns, cfg)
 
 
 def main() -> None:

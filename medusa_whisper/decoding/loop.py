@@ -48,7 +48,7 @@ from whisper.decoding import DecodingTask, LogitFilter
 from .acceptance import verify
 from ..drafting.base import Committed, Proposer, ProposerStats
 from ..drafting.device.base import DeviceProposer, Shape
-from ..drafting.factory import DeviceSpec, device_proposer, device_spec
+from ..drafting.factory import DeviceSpec, device_proposer, device_spec, host_spec
 from ..drafting.tree import CandidateTree
 from ..drafting.tree_layout import TreeLayout
 from .rules import DeviceRules, RuleSettings
@@ -152,7 +152,9 @@ class WindowDecoder:
     """The fixed-shape decoding of one model on one device, reused window after window.
 
     spec    : what drafts inside the pass (``drafting.factory.DeviceSpec``); None for plain passes
-              or a host proposer handed to ``generate``
+              or a host proposer handed to ``generate``. With the host's acceptance the proposer
+              is built on this decoder's step and driven between passes by the host proposer
+              handed to ``generate`` (``drafting.factory.make_proposer``'s ``in_pass``)
     capture : capture each pass as a CUDA graph (CUDA only; the default there)
     """
 
@@ -161,9 +163,8 @@ class WindowDecoder:
         self.device = torch.device(device)
         if products not in ("fixed", "cpu"):
             raise ValueError(f"products must be 'fixed' or 'cpu', not {products!r}")
-        if acceptance not in ("device", "host") or (acceptance == "host" and (products != "cpu" or spec)):
-            raise ValueError(f"acceptance {acceptance!r}: 'device', or 'host' on the CPU's products without "
-                             "an in-pass proposer")
+        if acceptance not in ("device", "host") or (acceptance == "host" and products != "cpu"):
+            raise ValueError(f"acceptance {acceptance!r}: 'device', or 'host' on the CPU's products")
         # how a pass's candidates are accepted: on the device, every row at once (what a captured
         # pass must do), or walked on the host row by row (acceptance.verify), which filters only
         # the rows it reaches and applies any filter and acceptance rule as it is
@@ -197,6 +198,12 @@ class WindowDecoder:
         self.proposer: Optional[DeviceProposer] = None if spec is None else device_proposer(spec, model, self.step)
         if self.proposer is not None and self.proposer.cost_rows:
             self.proposer.set_row_costs(self.row_costs(self.proposer.cost_rows))
+
+    @property
+    def drafts_in_pass(self) -> bool:
+        """Whether ``proposer`` drafts inside the device's passes (else a host proposer drives it,
+        or there is none)."""
+        return self.acceptance == "device" and self.proposer is not None
 
     # ------------------------------------------------------------------ the pass on the device
 
@@ -691,16 +698,17 @@ def decoder_for(model, audio_features: Tensor, options, draft=None, acceptance: 
     model): on the fixed-shape step with the device's acceptance where it is wanted (``wanted``:
     CUDA, or ``MEDUSA_WHISPER_STEP``) and can decode what ``options`` ask (``supported``), its
     ``proposer`` drafting inside the pass where one exists for them (``drafting.factory.device_spec``);
-    else, or with ``acceptance="host"``, on the CPU's products with the host's acceptance. Without an
-    in-pass proposer the caller hands ``generate`` a host proposer, if any."""
+    else, or with ``acceptance="host"``, on the CPU's products with the host's acceptance, its
+    ``proposer`` the one ``drafting.factory.host_spec`` names. Unless the decoder ``drafts_in_pass``,
+    the caller hands ``generate`` a host proposer, if any (``make_proposer``, given ``proposer``)."""
     device = audio_features.device
     on_device = acceptance != "host" and wanted(device) and supported(model, options)
-    spec = device_spec(model, options, draft) if on_device else None
+    spec = device_spec(model, options, draft) if on_device else host_spec(model, options, draft)
     key = (device, audio_features.dtype, on_device, spec, step_choice())
     decoders = model.__dict__.setdefault("fixed_decoders", {})  # not a submodule: no state-dict entries
     if key not in decoders:
         decoders[key] = (WindowDecoder(model, audio_features.dtype, device, spec) if on_device else
-                         WindowDecoder(model, audio_features.dtype, device, products="cpu", acceptance="host"))
+                         WindowDecoder(model, audio_features.dtype, device, spec, products="cpu", acceptance="host"))
     return decoders[key]
 
 

@@ -80,15 +80,16 @@ def _decode_one(model: Whisper, mel: Tensor, options: MedusaDecodingOptions, dra
 
     filters = window_filters(task, options)
     began = time.perf_counter()
-    stats, proposer = ProposerStats(), None
+    stats = ProposerStats()
     window = loop.decoder_for(model, audio_features, options, draft)
-    if window.proposer is None:  # else its own proposer drafts inside the pass
-        proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel)
+    proposer = None if window.drafts_in_pass else make_proposer(
+        model, audio_features, languages[0], options, task, draft, draft_mel, window.proposer)
     gen = window.generate(task, audio_features, initial[0].tolist(), filters, stats, proposer, options)
     if gen is None:  # a filter that is not whisper's: the host's acceptance applies it as it is
         window = loop.decoder_for(model, audio_features, options, draft, acceptance="host")
-        if proposer is None:
-            proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel)
+        if proposer is None:  # (a draft model's, made above, serves either loop)
+            proposer = make_proposer(model, audio_features, languages[0], options, task, draft, draft_mel,
+                                     window.proposer)
         gen = window.generate(task, audio_features, initial[0].tolist(), filters, stats, proposer, options)
     stats = proposer.stats if proposer is not None else stats
     _sync(audio_features.device)

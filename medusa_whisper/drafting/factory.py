@@ -5,21 +5,23 @@ Every speculative setting of ``MedusaDecodingOptions`` (``draft_tokens``, ``tree
 nowhere else: the proposers take plain values, and the draft-head modules only compute (a
 ``DraftHead`` has no method that builds a proposer). What the model carries picks the proposer:
 
-- a draft model passed to the decoding: ``draft_model.Drafter``;
-- a draft head (``model.draft_head``): by its ``kind``, EAGLE, CTC, or the union of its parts;
-- Medusa heads (``model.medusa``): ``medusa.MedusaProposer``;
+- a draft model passed to the decoding: ``draft_model.Drafter`` (on the host);
+- Medusa heads (``model.medusa``, any kind): ``device.medusa.DeviceMedusa``;
+- a draft head (``model.draft_head``): by its ``kind``, ``device.eagle.DeviceEagle``, the CTC
+  head's pointer (``device.ctc.DeviceCtc``) or its host proposer (``ctc_proposer.CtcProposer``),
+  or the union of its parts;
 - nothing, or ``mode="off"``: no proposer (plain greedy steps).
 
-On the fixed-shape step the same options build a proposer that drafts inside the pass
-(``device_spec``, then ``device_proposer``; ``drafting.device``) wherever one exists: Medusa-Linear
-heads, the EAGLE head, the CTC head and the two together. A draft model and Medusa-Block heads
-propose on the host there too.
+The Medusa heads and the EAGLE head have one proposer each, which drafts inside the pass: on the
+fixed-shape step with the device's acceptance (``device_spec``, then ``device_proposer``) it is
+part of the captured program; where the host accepts (the CPU), the same proposer on the CPU's
+step is driven between passes (``host_spec``, then ``make_proposer``'s ``Hosted``).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from torch import Tensor
@@ -29,58 +31,60 @@ from .base import Proposer
 from .ctc_proposer import CtcProposer, DraftSettings
 from .draft_head import DraftHead
 from .draft_model import Drafter
-from .eagle import DEFAULT_TREE_NODES, EagleProposer
+from .eagle import DEFAULT_TREE_NODES
 from .device.base import DeviceProposer
 from .device.ctc import DeviceCtc, vocabulary_bytes
 from .device.eagle import DeviceEagle
+from .device.hosted import Hosted
 from .device.medusa import DeviceMedusa
 from .device.union import DeviceUnion
-from .medusa import MedusaProposer
 from ..options import MedusaDecodingOptions
 from .union import UnionProposer
 
 
 def make_proposer(model, audio_features: Tensor, language: str, options: MedusaDecodingOptions,
-                  task=None, draft=None, draft_mel: Optional[Tensor] = None) -> Optional[Proposer]:
-    """The proposer of one decoding of ``model`` on a window, or None for plain greedy steps.
+                  task=None, draft=None, draft_mel: Optional[Tensor] = None,
+                  in_pass: Optional[DeviceProposer] = None) -> Optional[Proposer]:
+    """The host proposer of one decoding of ``model`` on a window, or None for plain greedy steps.
 
     audio_features : shape = (1, n_audio_ctx, n_audio_state), the window's encoder output
     language       : the decoding's language (given, or detected on this window)
     task           : whisper's DecodingTask of the decoding (needed by a draft model only)
     draft, draft_mel : a draft model and its log-mel of the window
+    in_pass        : the proposer ``host_spec`` asks for, built on the decoder's step: the Medusa
+                     heads and the EAGLE head draft by it, driven between passes (``Hosted``)
     """
     if options.mode == "off":
         return None
     if draft is not None:
         return Drafter(draft, draft_mel, task, language, options.draft_tokens, options.adaptive_lookahead)
-    draft_head = getattr(model, "draft_head", None)
-    if draft_head is not None:
-        return head_proposer(draft_head, model, audio_features, language, options)
+    head = getattr(model, "draft_head", None)
     heads = getattr(model, "medusa", None)
-    num_heads = 0 if heads is None else heads.num_heads
-    if options.num_heads is not None:
-        num_heads = min(num_heads, options.num_heads)
-    if num_heads == 0:
+    if head is None and (heads is None or in_pass is None):
         return None
-    return MedusaProposer(heads, model.decoder, audio_features, num_heads, options.tree_width, options.tree_nodes)
+    tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language,
+                              task=options.task or "transcribe")
+    hosted = None if in_pass is None else Hosted(in_pass, audio_features, tokenizer, model.dims.n_text_ctx)
+    if head is None:
+        return hosted
+    return head_proposer(head, model, audio_features, tokenizer, options, hosted)
 
 
-def head_proposer(head: DraftHead, model, audio_features: Tensor, language: str,
-                  options: MedusaDecodingOptions) -> Proposer:
-    """The proposer of a draft head, by its kind (a union's parts each by theirs)."""
+def head_proposer(head: DraftHead, model, audio_features: Tensor, tokenizer, options: MedusaDecodingOptions,
+                  hosted: Optional[Proposer] = None) -> Proposer:
+    """The host proposer of a draft head, by its kind (a union's parts each by theirs): the CTC
+    head's own, or ``hosted`` (the EAGLE head's in-pass proposer, driven between passes)."""
     if head.kind == "union":
-        return UnionProposer([head_proposer(part, model, audio_features, language, options) for part in head.parts])
+        return UnionProposer([head_proposer(part, model, audio_features, tokenizer, options, hosted)
+                              for part in head.parts])
     if head.kind == "eagle":
-        depth, width = options.draft_tokens, options.tree_width
-        # a chain drafts ``depth`` nodes; a tree, the most probable DEFAULT_TREE_NODES paths
-        nodes = options.tree_nodes or (depth if width == 1 else DEFAULT_TREE_NODES)
-        return EagleProposer(head, model.decoder, audio_features, depth, width, nodes)
+        if hosted is None:
+            raise ValueError("the EAGLE head drafts by its in-pass proposer: pass in_pass (host_spec's)")
+        return hosted
     if head.kind == "ctc":
         began = time.perf_counter()
         draft = head.draft(audio_features)  # the whole window's draft, once: part of what drafting costs
         seconds = time.perf_counter() - began
-        tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language,
-                                  task=options.task or "transcribe")
         return CtcProposer(draft, tokenizer, head.draft_settings().for_model(model, audio_features),
                            timestamps=not options.without_timestamps, lossy_entropy=options.lossy_ctc_entropy,
                            setup_seconds=seconds)
@@ -123,13 +127,24 @@ def device_spec(model, options: MedusaDecodingOptions, draft=None) -> Optional[D
             return DeviceSpec("ctc+eagle", depth, width, nodes, ctc=settings)
         return None
     heads = getattr(model, "medusa", None)
-    if heads is None or heads.config.heads_type != "linear":
+    if heads is None:
         return None
     num_heads = heads.num_heads if options.num_heads is None else min(heads.num_heads, options.num_heads)
     if num_heads == 0:
         return None
     width = options.tree_width
     return DeviceSpec("medusa", num_heads, width, options.tree_nodes or num_heads * width)
+
+
+def host_spec(model, options: MedusaDecodingOptions, draft=None) -> Optional[DeviceSpec]:
+    """The in-pass proposer that the host's acceptance drives between passes (``make_proposer``'s
+    ``in_pass``): the Medusa heads and the EAGLE head, a union's EAGLE part among them. The CTC
+    head drafts on the host there: its character alignment keeps in step better than the pointer
+    (docs/gpu.md), and the host's walk does not pay for its long chunks' rows."""
+    spec = device_spec(model, options, draft)
+    if spec is None or spec.kind == "ctc":
+        return None
+    return replace(spec, kind="eagle", ctc=None) if spec.kind == "ctc+eagle" else spec
 
 
 def device_proposer(spec: DeviceSpec, model, step) -> DeviceProposer:

@@ -25,8 +25,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from whisper.model import Linear, ModelDimensions, ResidualAttentionBlock
 
-from ..step.int8_kernels import Prepared
-from ..step.projection import Projection
 
 HEAD_TYPES = ("linear", "base_head", "block")
 
@@ -96,7 +94,6 @@ class MedusaHeads(nn.Module):
         self.block: Optional[ResidualAttentionBlock] = None
         if config.heads_type == "block":
             self.block = ResidualAttentionBlock(dims.n_text_state, dims.n_text_head, cross_attention=True)
-        self.prepared = Prepared()  # the proposal vocabulary's projection (proposal_projection)
 
     def init_block_from(self, layer: ResidualAttentionBlock) -> None:
         """Start the Medusa block as a copy of the last decoder layer, as the reference does."""
@@ -156,12 +153,6 @@ class MedusaHeads(nn.Module):
         """Token ids of proposal-vocabulary columns."""
         n = self.shortlist
         return columns if n is None else torch.where(columns < n, columns, columns - n + self.first_special)
-
-    def proposal_projection(self, vocabulary: Projection) -> Projection:
-        """The decoder's projection (``vocabulary``) onto the proposal vocabulary, selected once:
-        ``proposal_projection(p)(states)`` equals ``proposal_logits(states, embedding)`` by the decoder's
-        compute type's kernel."""
-        return self.prepared.get("proposal", lambda: vocabulary.select(self.proposal_token_ids()), vocabulary)
 
     def proposal_token_ids(self, device=None) -> Tensor:
         """Token ids of every proposal-vocabulary column, in column order."""

@@ -7,19 +7,18 @@ decoder pass, each node attending to the committed context and to its own ancest
 (``layout``), at the position of its depth; then it walks from the root to the deepest node whose
 every token equals the verifier's greedy token (``acceptance.verify``).
 
-Trees are built best-first from log-probabilities (``best_first``): a node's score is the sum of
-its path's log-probabilities, so a child never scores above its parent and the N best nodes are
-always a tree (prefix-closed). With per-depth choices that do not depend on the path (Medusa heads)
-this is the Medusa paper's sparse tree chosen by the heads' own confidences; a proposer that
-conditions on the path (the EAGLE head) grows its tree level by level and keeps the best nodes, as
-EAGLE-2 does.
+Proposers build their trees best-first from log-probabilities (``drafting.device``): a node's
+score is the sum of its path's log-probabilities, so a child never scores above its parent and the
+N best nodes are always a tree (prefix-closed). With per-depth choices that do not depend on the
+path (Medusa heads) this is the Medusa paper's sparse tree chosen by the heads' own confidences; a
+proposer that conditions on the path (the EAGLE head) grows its tree level by level and keeps the
+best nodes, as EAGLE-2 does.
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -109,49 +108,3 @@ class CandidateTree:
                                                                   device=device).tril()  # ... causally
         mask[n_pending:, start + n_pending :] = self.ancestors_mask(device)
         return positions, mask
-
-
-def best_first(choices: Sequence[Tuple[Sequence[int], Sequence[float]]], max_nodes: int) -> CandidateTree:
-    """The ``max_nodes`` most probable paths through independent per-depth choices.
-
-    choices : per depth d (1..D), the candidate tokens and their log-probabilities, best first;
-              a node at depth d may have any of depth d+1's candidates as a child
-    The score of a node is the sum of its path's log-probabilities (the heads' joint estimate).
-    """
-    if not choices or max_nodes <= 0:
-        return CandidateTree()
-    tokens: List[int] = []
-    parents: List[int] = []
-    scores: List[float] = []
-    # heap of (-score, tie-breaker, depth index, choice index, parent node)
-    first_tokens, first_logprobs = choices[0]
-    heap = [(-float(lp), j, 0, j, -1) for j, lp in enumerate(first_logprobs)]
-    heapq.heapify(heap)
-    counter = len(heap)
-    while heap and len(tokens) < max_nodes:
-        neg, _, depth, j, parent = heapq.heappop(heap)
-        node = len(tokens)
-        tokens.append(int(choices[depth][0][j]))
-        parents.append(parent)
-        scores.append(-neg)
-        if depth + 1 < len(choices):
-            for k, lp in enumerate(choices[depth + 1][1]):
-                heapq.heappush(heap, (neg - float(lp), counter, depth + 1, k, node))
-                counter += 1
-    return CandidateTree(tuple(tokens), tuple(parents), tuple(scores))
-
-
-def top_nodes(tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float], max_nodes: int) -> CandidateTree:
-    """The ``max_nodes`` best-scoring nodes of a grown tree (EAGLE-2's re-ranking), re-indexed.
-
-    Scores must be cumulative log-probabilities (a child never above its parent), so the chosen set
-    contains every chosen node's ancestors. Ties keep the earlier node.
-    """
-    order = sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:max_nodes]
-    chosen = sorted(order)  # parents before children, as grown
-    new_index: Dict[int, int] = {old: new for new, old in enumerate(chosen)}
-    for i in chosen:
-        if parents[i] >= 0 and parents[i] not in new_index:
-            raise ValueError("scores are not cumulative: a node outranks its parent")
-    return CandidateTree(tuple(tokens[i] for i in chosen), tuple(new_index.get(parents[i], -1) for i in chosen),
-                         tuple(scores[i] for i in chosen))

@@ -434,7 +434,7 @@ def _convert_structure(model: nn.Module, compute_type: str, device_type: str, qu
         # the decoder's and draft heads' blocks: batched products whose rows do not depend on their
         # company, in this stream or beside other streams (step/attention.py), instead of one
         # product per row. A head's block needs no invariance, but takes the same layout
-        # (cpu.CpuBlock gives each its own cache)
+        # (fixed.DraftBlock gives each its own cache)
         for block in model.modules():
             if isinstance(block, ResidualAttentionBlock) and id(block) not in in_encoder and block.cross_attn is not None:
                 block.attn.row_invariant = block.cross_attn.row_invariant = True

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +35,8 @@ from whisper.model import MultiHeadAttention
 
 from .attention import attended_slots, invariant_attention, invariant_dtype, row_invariant
 from .cache import CrossKV
-from .fixed import FixedStep, Layer, UnsupportedStep, every_slot, heads, layer_forward, pass_plan, product_dtype
-from .projection import next_token_logits
+from .fixed import FixedStep, Layer, UnsupportedStep, heads, product_dtype
+from .projection import next_token_logits, of as projection_of
 from .routes import WEIGHT_FIRST, route_for, weight_times_rows
 from .together import rows_together, together
 
@@ -269,6 +269,24 @@ class CpuProducts:
         projection, through a ``base_head`` model's head 0 first (``projection.next_token_logits``)."""
         return next_token_logits(self.model, states)
 
+    # what the proposers that draft in the pass multiply (drafting/device), by the compute type's
+    # kernels as the decoder's own layers are
+
+    def head(self, module: nn.Module):
+        return _in_own_dtype(functools.partial(linear, module), module)
+
+    def norm(self, module: nn.Module):
+        return _in_own_dtype(functools.partial(norm, module), module)
+
+    def projection(self, ids: Tensor) -> Callable[[Tensor], Tensor]:
+        """Float32 logits over the vocabulary rows ``ids`` by the compute type's projection, selected
+        once (``Projection.select``: a selected row's logits are the whole vocabulary's column)."""
+        selected = projection_of(self.decoder).select(ids)
+        return lambda states: selected(states).float()
+
+    def block(self, block: nn.Module, n_slots: int) -> CpuBlock:
+        return CpuBlock(block, n_slots, self.residual)
+
 
 def slots_read(attention: CpuAttention, end: int, n_ctx: int, dtype: torch.dtype, n_head: int, d_head: int) -> int:
     """The slots a pass ending at slot ``end`` attends: exactly those for the fused kernel, rounded
@@ -276,40 +294,36 @@ def slots_read(attention: CpuAttention, end: int, n_ctx: int, dtype: torch.dtype
     return attended_slots(end, n_ctx, dtype, n_head, d_head) if attention.invariant else end
 
 
+def _in_own_dtype(layer: Callable[[Tensor], Tensor], module: nn.Module) -> Callable[[Tensor], Tensor]:
+    """A draft head's plain torch layer (``nn.Linear``, ``nn.LayerNorm``) takes rows in its own
+    dtype and gives them back in theirs, as the dense products cast: whisper's ``fp16`` option makes
+    a CPU's residual stream half, which such a layer does not take (whisper's own layers cast)."""
+    weight = getattr(module, "weight", None)
+    if type(module) not in (nn.Linear, nn.LayerNorm) or weight is None:
+        return layer
+    return lambda x: layer(x) if x.dtype == weight.dtype else layer(x.to(weight.dtype)).to(x.dtype)
+
+
 class CpuBlock:
-    """A draft head's residual block (Medusa-Block's, EAGLE's) with its own cache over one window, on
-    the CPU's products: the step's ``layer_forward``, rows written at consecutive slots.
+    """A draft head's decoder block (Medusa-Block's, EAGLE's) as the CPU's products, for
+    ``fixed.DraftBlock``: the block's own (converted) modules, attending as the decoder does."""
 
-    features : the window's encoder output, shape = (1, n_audio_ctx, n_audio_state); the block's
-               residual stream is in its dtype
-    """
+    fixed_shapes = False
 
-    def __init__(self, block: nn.Module, n_ctx: int, features: Tensor):
+    def __init__(self, block: nn.Module, n_slots: int, residual: torch.dtype):
+        self.block = block
         self.layer = cpu_layer(block)
-        self.attention = CpuAttention(block, n_ctx)
-        self.n_ctx, self.n_head = n_ctx, block.attn.n_head
-        n_state = block.attn.query.out_features
-        self.dtype = invariant_dtype(block.attn) if self.attention.invariant else features.dtype
-        self.keys = torch.zeros(1, self.n_head, n_ctx, n_state // self.n_head, dtype=self.dtype, device=features.device)
-        self.values = torch.zeros_like(self.keys)
-        cross = cross_cache([block], features)
-        self.cross_keys, self.cross_values = cross.keys[0], cross.values[0]
+        self.attention = CpuAttention(block, n_slots)
+        self.n_head = block.attn.n_head
+        self.cache_dtype = invariant_dtype(block.attn) if self.attention.invariant else residual
 
-    fixed_shapes = False  # (it is its own products for ``fixed.pass_plan``)
+    def slots_read(self, end: int, n_slots: int) -> int:
+        return slots_read(self.attention, end, n_slots, self.cache_dtype, self.n_head,
+                          self.block.attn.query.out_features // self.n_head)
 
-    def slots_read(self, end: int, n_ctx: int) -> int:
-        return slots_read(self.attention, end, n_ctx, self.dtype, self.n_head, self.keys.shape[-1])
-
-    def pass_at(self, x: Tensor, start: int, mask: Optional[Tensor]) -> Tensor:
-        """The block over rows x, shape = (1, rows, n_state), written at slots [start, start + rows)
-        (what was there after ``start`` is the past's: rejected drafts); mask : (rows, start + rows)
-        bool, where each row may attend (None: one row). Returns the block's output."""
-        n = x.shape[1]
-        slots = torch.arange(start, start + n, device=x.device)[None]
-        allowed, where, read = pass_plan(self, every_slot(mask, start, n, self.n_ctx, x.device), slots, start + n,
-                                         self.n_head, self.keys.shape[-1], self.n_ctx)
-        return layer_forward(self.layer, x, self.keys, self.values, self.cross_keys, self.cross_values, allowed, where,
-                             self.n_head, self.attention, read)
+    def cross(self, features: Tensor, n_head: int) -> Tuple[Tensor, Tensor]:
+        kv = cross_cache([self.block], features)
+        return kv.keys[0], kv.values[0]
 
 
 def cpu_step(model: nn.Module, batch: int = 1, residual: torch.dtype = torch.float32,

@@ -256,6 +256,7 @@ class DenseProducts:
         self.embedding = decoder.token_embedding.weight.detach().to(residual).contiguous()
         self.positional = decoder.positional_embedding.detach().to(residual).contiguous()
         self.final_ln = norm_product(decoder.ln, residual)
+        self.residual = residual
         self.cache_dtype = self.cross_dtype = residual
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
@@ -273,6 +274,79 @@ class DenseProducts:
     def logits(self, states: Tensor) -> Tensor:
         """Vocabulary logits through the tied embedding, float32 as whisper returns them."""
         return (states.to(self.dtype) @ self.vocabulary.T).float()
+
+    # what the proposers that draft in the pass multiply (drafting/device): their heads' layers,
+    # norms and blocks, and the vocabulary's rows they propose among, as this step's products
+
+    def head(self, module: nn.Module) -> Product:
+        return dense(module, self.dtype)
+
+    def norm(self, module: nn.LayerNorm) -> Product:
+        return norm_product(module, self.residual)
+
+    def projection(self, ids: Tensor) -> Callable[[Tensor], Tensor]:
+        """Float32 logits over the vocabulary rows ``ids`` (column j is token ``ids[j]``)."""
+        rows = self.vocabulary[ids.to(self.vocabulary.device)].contiguous()
+        return lambda states: (states.to(rows.dtype) @ rows.T).float()
+
+    def block(self, block: nn.Module, n_slots: int) -> "DenseBlock":
+        return DenseBlock(block, self.residual, self.dtype)
+
+
+class DenseBlock:
+    """A draft head's decoder block as dense products, for ``DraftBlock``: fixed shapes as the step's."""
+
+    fixed_shapes = True
+    attention = FUSED
+
+    def __init__(self, block: nn.Module, residual: torch.dtype, dtype: torch.dtype):
+        self.layer = layer_products(block, residual, dtype)
+        self.cache_dtype = residual
+
+    def slots_read(self, end: int, n_slots: int) -> int:
+        return n_slots
+
+    def cross(self, features: Tensor, n_head: int) -> Tuple[Tensor, Tensor]:
+        return cross_keys_values(self.layer, features, n_head)
+
+
+class DraftBlock:
+    """A draft head's decoder block (EAGLE's, Medusa-Block's) over one window, with a cache of its
+    own: the step's ``layer_forward`` on the step's kind of products (``products.block``), so that
+    it runs in a captured pass on CUDA and by the CPU's kernels there.
+
+    n_slots : the cache's slots (a slot per position, and any a proposer drafts into after them)
+    """
+
+    def __init__(self, block: nn.Module, products, n_slots: int, n_audio_ctx: int, device: torch.device):
+        self.products = products.block(block, n_slots)
+        self.n_head, self.n_slots = block.attn.n_head, n_slots
+        self.d_head = block.attn.query.out_features // self.n_head
+        cache = self.products.cache_dtype
+        self.keys = torch.zeros(1, self.n_head, n_slots, self.d_head, dtype=cache, device=device)
+        self.values = torch.zeros_like(self.keys)
+        self.cross_keys = torch.zeros(1, self.n_head, n_audio_ctx, self.d_head, dtype=products.residual, device=device)
+        self.cross_values = torch.zeros_like(self.cross_keys)
+
+    def set_audio(self, features: Tensor) -> None:
+        """The window's cross-attention keys and values, from its encoder output (1, n_audio_ctx,
+        n_state) in the residual dtype: in place with fixed shapes; else new buffers, and the
+        cache's slots zeroed as a fresh cache has them (new tensors, as ``FixedStep.set_audio``)."""
+        keys, values = self.products.cross(features, self.n_head)
+        if self.products.fixed_shapes:
+            self.cross_keys.copy_(keys)
+            self.cross_values.copy_(values)
+        else:
+            self.cross_keys, self.cross_values = keys, values
+            self.keys, self.values = torch.zeros_like(self.keys), torch.zeros_like(self.values)
+
+    def __call__(self, x: Tensor, slots: Tensor, allowed: Tensor) -> Tensor:
+        """The block over rows x (1, rows, n_state) written at consecutive ``slots`` (1, rows),
+        each attending where ``allowed`` (1, rows, n_slots); the block's output, (1, rows, n_state)."""
+        end = None if self.products.fixed_shapes else int(slots[0, -1]) + 1
+        allowed, where, read = pass_plan(self.products, allowed, slots, end, self.n_head, self.d_head, self.n_slots)
+        return layer_forward(self.products.layer, x, self.keys, self.values, self.cross_keys, self.cross_values,
+                             allowed, where, self.n_head, self.products.attention, read)
 
 
 class FixedStep:

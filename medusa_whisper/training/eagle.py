@@ -31,8 +31,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..drafting.base import Committed
-from ..drafting.eagle import EagleConfig, EagleHead, EagleProposer
+from ..drafting.device.eagle import DeviceEagle
+from ..drafting.device.hosted import Hosted
+from ..drafting.eagle import DEFAULT_TREE_NODES, EagleConfig, EagleHead
 from ..drafting.tree import CandidateTree
+from ..step.cpu import cpu_step
 from . import loop
 from .features import Shard
 
@@ -154,7 +157,7 @@ def step_losses(head: EagleHead, decoder, batch: Batch, columns: Tensor, cfg: Ea
 # -- the held-out replay of lossless decoding ----------------------------------------------------------
 
 @torch.no_grad()
-def simulate(head: EagleHead, decoder, shard: Shard, depth: int, windows: Optional[int] = None,
+def simulate(head: EagleHead, model, shard: Shard, depth: int, windows: Optional[int] = None,
              width: int = 1, max_nodes: Optional[int] = None) -> Dict:
     """Lossless decoding replayed on cached windows: the main model's cached states play its passes.
 
@@ -164,6 +167,10 @@ def simulate(head: EagleHead, decoder, shard: Shard, depth: int, windows: Option
     accepted, and the first drafted token's accuracy.
     """
     head.eval()
+    # the head's proposer as decoding drives it on the CPU, on the main model's step (whose passes
+    # the cached states stand in for: only its embeddings and vocabulary are read)
+    step = cpu_step(model)
+    drafter = DeviceEagle(head, step, depth, width, max_nodes or (depth if width == 1 else DEFAULT_TREE_NODES))
     steps = produced = 0
     per_depth = np.zeros(depth)
     offsets = shard.offsets
@@ -171,8 +178,7 @@ def simulate(head: EagleHead, decoder, shard: Shard, depth: int, windows: Option
     for r in rows:
         tokens, begin = shard.tokens[r], shard.sample_begin[r]
         hidden = shard.hidden[offsets[r] : offsets[r] + len(tokens)].float()[None]
-        proposer = EagleProposer(head, decoder, shard.audio_features[r : r + 1].float(), depth, width,
-                                 max_nodes or (depth if width == 1 else 10))
+        proposer = Hosted(drafter, shard.audio_features[r : r + 1].float(), None, step.n_ctx)
         # the first pass feeds the prompt; its last state gives the first sampled token
         position, fed, tree = 0, begin, CandidateTree()
         last = len(tokens) - 1  # the end-of-text
@@ -205,7 +211,7 @@ def simulate(head: EagleHead, decoder, shard: Shard, depth: int, windows: Option
 
 
 @torch.no_grad()
-def evaluate(head: EagleHead, decoder, shard: Shard, columns: Tensor, cfg: EagleTrainConfig,
+def evaluate(head: EagleHead, model, shard: Shard, columns: Tensor, cfg: EagleTrainConfig,
              scale: Optional[Tensor] = None) -> Dict:
     """Held-out loss and teacher-forced first-token accuracy, plus the decoding replay."""
     scale = feature_scale(shard) if scale is None else scale
@@ -213,7 +219,7 @@ def evaluate(head: EagleHead, decoder, shard: Shard, columns: Tensor, cfg: Eagle
     totals = dict(loss=0.0, ce=0.0, regression=0.0, hits=0, n=0, batches=0)
     for i in range(0, len(shard.tokens), cfg.batch_windows):
         batch = make_batch(shard, list(range(i, min(i + cfg.batch_windows, len(shard.tokens)))))
-        stats = step_losses(head, decoder, batch, columns, cfg, rollout=False, scale=scale)
+        stats = step_losses(head, model.decoder, batch, columns, cfg, rollout=False, scale=scale)
         for key in ("loss", "ce", "regression"):
             totals[key] += float(stats[key])
         totals["hits"] += stats["hits"]
@@ -223,7 +229,7 @@ def evaluate(head: EagleHead, decoder, shard: Shard, columns: Tensor, cfg: Eagle
     result = dict(loss=round(totals["loss"] / b, 4), ce=round(totals["ce"] / b, 4),
                   regression=round(totals["regression"] / b, 4),
                   first_token_accuracy=round(totals["hits"] / max(totals["n"], 1), 4))
-    result.update(simulate(head, decoder, shard, cfg.simulate_depth, cfg.simulate_windows))
+    result.update(simulate(head, model, shard, cfg.simulate_depth, cfg.simulate_windows))
     head.train()
     return result
 
@@ -247,7 +253,7 @@ class EagleTask:
     clip_norm = 1.0
 
     def __init__(self, model, train_shard: Shard, heldout: Optional[Shard], cfg: EagleTrainConfig):
-        self.decoder = model.decoder
+        self.model, self.decoder = model, model.decoder
         for p in model.parameters():
             p.requires_grad_(False)
         self.head = self.module = new_head(model, train_shard, cfg)
@@ -274,7 +280,7 @@ class EagleTask:
     def evaluate(self) -> Optional[Dict]:
         if self.heldout is None:
             return None
-        return evaluate(self.head, self.decoder, self.heldout, self.columns, self.cfg, self.scale)
+        return evaluate(self.head, self.model, self.heldout, self.columns, self.cfg, self.scale)
 
     def checkpoint_weights(self) -> dict:
         return dict(head=self.head.state_dict())

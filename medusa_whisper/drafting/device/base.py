@@ -47,6 +47,12 @@ class DeviceProposer:
         """
         raise NotImplementedError
 
+    def renew(self) -> None:
+        """New tensors for the buffers the proposer writes in place (``state``'s), called by
+        ``begin`` where nothing replays them (the CPU's products): a proposer made under
+        ``torch.inference_mode`` and kept on the model may not write its tensors in place outside
+        it, as the step's own buffers may not (``FixedStep.set_audio``)."""
+
     def next_shape(self, room: int) -> Optional[Shape]:
         """Host: the shape of the next pass's proposal, or None where no proposal fits in ``room``
         more tokens (the window ends with plain passes). A shape of no nodes is a plain pass that

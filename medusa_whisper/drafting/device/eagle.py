@@ -1,9 +1,10 @@
-"""The EAGLE draft head drafting inside the pass: its commit, its chain or its tree, at fixed shapes.
+"""The EAGLE draft head's proposer: its commit, its chain or its tree, at fixed shapes.
 
-``drafting.eagle.EagleProposer`` does this between passes: its block runs over the committed rows
-with a cache it rolls back, then drafts a chain (one block row per token) or grows EAGLE-2's tree
-(one block pass per level over the ``width`` best nodes, then the ``max_nodes`` best of all). Here
-the same arithmetic runs on buffers of fixed shape, so that it is part of the captured pass:
+The head's block runs over the committed rows with a cache of its own, then drafts a chain (one
+block row per token) or grows EAGLE-2's tree (one block pass per level over the ``width`` best
+nodes, then the ``max_nodes`` best of all). It runs on buffers of fixed shape, so that it is part
+of the captured pass on CUDA; on the CPU the same proposer runs on the CPU's products, driven
+between passes (``hosted.Hosted``). Its arithmetic:
 
 - the head's cache has a slot per position (and room for a tree's drafted rows after the last
   one); a commit writes rows for every row the pass fed, at their positions, but only the first
@@ -23,8 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...step.fixed import (FixedStep, cross_keys_values, dense, layer_forward, layer_norm, layer_products, linear,
-                           norm_product)
+from ...step.fixed import DraftBlock, FixedStep, layer_norm, linear
 from ..tree_layout import pack_on_device
 from .base import DeviceProposer
 
@@ -38,25 +38,20 @@ class DeviceEagle(DeviceProposer):
     """
 
     def __init__(self, head, step: FixedStep, depth: int, width: int = 1, max_nodes: int = 0):
-        residual, dtype, device = step.residual, step.dtype, step.device
+        device, products = step.device, step.products
         self.step = step
         self.depth_, self.width = depth, width
         self.tree = width > 1
-        self.fuse = dense(head.fuse, dtype)
-        self.layer = layer_products(head.block, residual, dtype)
-        self.ln = norm_product(head.ln, residual)
-        self.n_head = head.block.attn.n_head
+        # the head's layers by the step's products (dense for a captured pass, the compute type's
+        # kernels on the CPU)
+        self.fuse = products.head(head.fuse)
+        self.ln = products.norm(head.ln)
         self.ids = head.token_ids.to(device)
-        self.shortlist = step.vocabulary[self.ids].contiguous()
-        n_state = step.n_state
-        d_head = n_state // self.n_head
+        self.shortlist = products.projection(self.ids)
         drafted_rows = (depth - 1) * width
         # a slot per position, and after the last one the slots of a tree's drafted rows
         self.slots = torch.arange(step.n_ctx + drafted_rows + 1, device=device)
-        self.keys = torch.zeros(1, self.n_head, len(self.slots), d_head, dtype=residual, device=device)
-        self.values = torch.zeros_like(self.keys)
-        self.cross_keys = torch.zeros(1, self.n_head, step.n_audio_ctx, d_head, dtype=residual, device=device)
-        self.cross_values = torch.zeros_like(self.cross_keys)
+        self.block = DraftBlock(head.block, products, len(self.slots), step.n_audio_ctx, device)
         if self.tree:
             grown = width + (depth - 1) * width * width
             self.tree_nodes = min(max_nodes or grown, grown)
@@ -82,9 +77,15 @@ class DeviceEagle(DeviceProposer):
     # ------------------------------------------------------------------ host
 
     def begin(self, audio_features: Tensor, tokenizer) -> None:
-        k, v = cross_keys_values(self.layer, audio_features.to(self.step.residual), self.n_head)
-        self.cross_keys.copy_(k)
-        self.cross_values.copy_(v)
+        if not self.step.products.fixed_shapes:  # see DeviceProposer.renew
+            self.renew()
+        self.block.set_audio(audio_features.to(self.step.residual))
+
+    def renew(self) -> None:
+        if self.tree:
+            self.packed = torch.zeros_like(self.packed)
+        else:
+            self.tokens = torch.zeros_like(self.tokens)
 
     def next_shape(self, room: int) -> Optional[int]:
         """A chain of ``depth`` tokens, or the tree: one shape each."""
@@ -120,15 +121,12 @@ class DeviceEagle(DeviceProposer):
         return linear(torch.cat([features, embedded.to(features.dtype)], dim=-1), self.fuse)
 
     def _block(self, x: Tensor, slots: Tensor, allowed: Tensor) -> Tensor:
-        """The head's block and LayerNorm over rows written at ``slots`` (1, rows), attending where
-        ``allowed`` (1, rows, cache slots)."""
-        index = slots[:, None, :, None].expand(1, self.n_head, slots.shape[1], self.keys.shape[-1])
-        x = layer_forward(self.layer, x, self.keys, self.values, self.cross_keys, self.cross_values,
-                          allowed, index, self.n_head)
-        return layer_norm(x, self.ln)
+        """The head's block and LayerNorm over rows written at consecutive ``slots`` (1, rows),
+        attending where ``allowed`` (1, rows, cache slots)."""
+        return layer_norm(self.block(x, slots, allowed), self.ln)
 
     def _logprobs(self, features: Tensor) -> Tensor:
-        return F.log_softmax((features.to(self.shortlist.dtype) @ self.shortlist.T).float(), dim=-1)
+        return F.log_softmax(self.shortlist(features), dim=-1)
 
     def advance(self, states: Tensor, history: Tensor, start: Tensor, count: Tensor, greedy: Tensor,
                 shape: Optional[int]) -> None:
@@ -158,7 +156,7 @@ class DeviceEagle(DeviceProposer):
         self.tokens.copy_(torch.stack(tokens, dim=1))
 
     def _draft_tree(self, feature: Tensor, committed: Tensor) -> None:
-        """EAGLE-2's tree as ``EagleProposer._tree`` grows it: level d's ``width`` best nodes are
+        """EAGLE-2's tree (tests/reference_drafts.py grows it node by node): level d's ``width`` best nodes are
         expanded in one block pass (rows at slots after ``committed``, each seeing the committed
         slots, its ancestors' rows and its own), each into its ``width`` best tokens."""
         width = self.width
@@ -188,7 +186,7 @@ class DeviceEagle(DeviceProposer):
             tokens.append(level_tokens)
             scores.append(level_scores)
         all_tokens, all_parents, all_scores = torch.cat(tokens), torch.cat(parents), torch.cat(scores)
-        # the best nodes of the grown tree, in the grown order (EagleProposer's top_nodes)
+        # the best nodes of the grown tree, in the grown order (EAGLE-2's re-ranking)
         chosen = torch.sort(torch.sort(-all_scores, stable=True).indices[:self.tree_nodes]).values
         new_index = torch.full_like(all_parents, -1)
         new_index[chosen] = self.kept_index

@@ -1,10 +1,12 @@
-"""Medusa-Linear heads drafting inside the pass: a chain of each head's best token, or a tree.
+"""Medusa heads drafting inside the pass: a chain of each head's best token, or a tree.
 
-The heads read the main decoder's state at the last committed token (``drafting.medusa`` does the
-same between passes on the host). With ``width`` 1 head k proposes its argmax at depth k + 1. With a
-larger width every head offers its ``width`` best tokens, and the tree is the ``max_nodes`` most
-probable paths through them, a path scoring the sum of its tokens' log-probabilities: what
-``tree.best_first`` builds on the host with a heap. Here every path of the full tree (at most
+The heads read the main decoder's state at the last committed token; Medusa-Block heads read their
+block's output there, the block having run over every committed row with a cache of its own, and
+a ``base_head`` model's heads are its stacks after the next-token one. With ``width`` 1 head k
+proposes its argmax at depth k + 1. With a larger width every head offers its ``width`` best
+tokens, and the tree is the ``max_nodes`` most probable paths through them, a path scoring the sum
+of its tokens' log-probabilities: what the Medusa paper builds best-first with a heap
+(tests/reference_drafts.py). Here every path of the full tree (at most
 ``width ** depth`` per depth, a few hundred at the shipped sizes) is scored in one product with a
 fixed path matrix and the best ``max_nodes`` are taken by a stable sort, which keeps a parent
 before its child (its score is never lower) as the heap's order does.
@@ -18,13 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...step.fixed import FixedStep, Product, dense, linear
+from ...step.fixed import DraftBlock, FixedStep, Linear, linear
 from ..tree_layout import pack_on_device
 from .base import DeviceProposer
 
 
 class DeviceMedusa(DeviceProposer):
-    """Medusa-Linear heads (``model.medusa``) as a device proposer.
+    """Medusa heads (``model.medusa``, any of the three kinds) as a device proposer.
 
     num_heads : heads used (depth of a chain, and of the deepest tree path)
     width     : each head's best tokens offered (1: a chain)
@@ -32,11 +34,19 @@ class DeviceMedusa(DeviceProposer):
     """
 
     def __init__(self, heads, step: FixedStep, num_heads: int, width: int = 1, max_nodes: int = 0):
-        dtype, device = step.dtype, step.device
-        self.blocks: List[List[Product]] = [[dense(block.linear, dtype) for block in heads.stacks[k]]
-                                            for k in range(num_heads)]
+        device, products = step.device, step.products
+        self.step = step
+        offset = 1 if heads.has_base_head else 0  # a base_head model's stack 0 is its next-token head
+        # the heads' layers by the step's products (dense for a captured pass, the compute type's
+        # kernels on the CPU)
+        self.stacks: List[List[Linear]] = [[products.head(rb.linear) for rb in heads.stacks[offset + k]]
+                                           for k in range(num_heads)]
         self.ids = heads.proposal_token_ids().to(device)
-        self.vocabulary = step.vocabulary[self.ids].contiguous()
+        self.projection = products.projection(self.ids)
+        # Medusa-Block: the extra decoder block runs over every committed row first
+        self.slots = torch.arange(step.n_ctx, device=device)
+        self.block = (None if heads.block is None else
+                      DraftBlock(heads.block, products, step.n_ctx, step.n_audio_ctx, device))
         self.num_heads, self.width = num_heads, width
         self.tree = width > 1
         if self.tree:
@@ -48,7 +58,16 @@ class DeviceMedusa(DeviceProposer):
             self.tokens = torch.zeros(1, num_heads, dtype=torch.long, device=device)
 
     def begin(self, audio_features: Tensor, tokenizer) -> None:
-        pass  # the heads keep nothing between windows
+        if not self.step.products.fixed_shapes:  # see DeviceProposer.renew
+            self.renew()
+        if self.block is not None:  # else the heads keep nothing between windows
+            self.block.set_audio(audio_features.to(self.step.residual))
+
+    def renew(self) -> None:
+        if self.tree:
+            self.packed = torch.zeros_like(self.packed)
+        else:
+            self.tokens = torch.zeros_like(self.tokens)
 
     def next_shape(self, room: int) -> Optional[int]:
         """A chain of every head's token, or the tree: one shape each."""
@@ -76,17 +95,21 @@ class DeviceMedusa(DeviceProposer):
         return self.packed
 
     def logits(self, state: Tensor) -> Tensor:
-        """(1, n_state) decoder state at the last committed token -> (num_heads, proposal vocabulary)."""
+        """(1, n_state) state at the last committed token (a Medusa-Block's block output) ->
+        (num_heads, proposal vocabulary), float32."""
         states = []
-        for blocks in self.blocks:
+        for stack in self.stacks:
             x = state
-            for product in blocks:
+            for product in stack:
                 x = x + F.silu(linear(x, product))
             states.append(x)
-        return (torch.cat(states).to(self.vocabulary.dtype) @ self.vocabulary.T).float()
+        return self.projection(torch.cat(states))
 
     def advance(self, states: Tensor, history: Tensor, start: Tensor, count: Tensor, greedy: Tensor,
                 shape: Optional[int]) -> None:
+        if self.block is not None:  # the block sees every row, so that its cache stays complete
+            slots = start[:, None] + self.slots[:states.shape[1]]  # (1, rows): row i at position start + i
+            states = self.block(states, slots, self.slots <= slots[..., None])
         last = states.gather(1, (count - 1)[:, None, None].expand(-1, 1, states.shape[-1]))[:, 0]
         logits = self.logits(last)
         if not self.tree:
