@@ -20,6 +20,7 @@ from .step import compute
 from .checkpoints import weights
 from .errors import CheckpointError
 from .drafting.draft_head import build_draft_head
+from .drafting.eagle import with_record
 from .drafting.heads import MedusaConfig
 from .model import MedusaWhisper
 
@@ -51,7 +52,7 @@ def build_model(checkpoint: dict, heads: Optional[dict] = None, medusa: Optional
         model = MedusaWhisper(dims, config)
         model.load_whisper_state_dict(checkpoint["model_state_dict"])
         if heads is not None and "draft_head" in heads:
-            head = build_draft_head(dims, heads["draft_head"])
+            head = build_draft_head(dims, with_record(heads["draft_head"], heads.get("record")))
             head.load_state_dict(heads["state_dict"], strict=True)
             model.draft_head = head
         elif heads is not None:
@@ -120,7 +121,7 @@ def union_heads(parts: List[dict], paths) -> dict:
     for i, (heads, path) in enumerate(zip(parts, paths)):
         if "draft_head" not in heads:
             raise CheckpointError(f"{path}: not a draft head's file, so it cannot be part of a union")
-        configs.append(heads["draft_head"])
+        configs.append(with_record(heads["draft_head"], heads.get("record")))
         state_dict.update({f"parts.{i}.{name}": tensor for name, tensor in heads["state_dict"].items()})
     return {"draft_head": {"kind": "union", "parts": configs}, "state_dict": state_dict,
             "base_model": parts[0].get("base_model")}

@@ -12,6 +12,7 @@ from typing import Optional
 from whisper.decoding import DecodingOptions
 
 MODES = ("lossless", "typical", "off")
+DRAFT_TOKENS = 5  # draft_tokens where it is not given and not chosen by the machine
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,11 @@ class MedusaDecodingOptions(DecodingOptions):
     # exponential-decay length penalty on end-of-text from this many sampled tokens on (None: off)
     regulation_start: Optional[int] = None
     regulation_factor: float = 1.01
-    # draft-model decoding (with a draft model): at most this many draft tokens per step, and
-    # whether that number adapts to the acceptance rate (seed 004's rule)
-    draft_tokens: int = 5
+    # draft tokens per step, at most: a draft model's, and the EAGLE head's chain (None: DRAFT_TOKENS,
+    # except an EAGLE chain where the host accepts, whose length the running machine's costs choose:
+    # drafting.pass_costs.chosen_chain_depth); with a draft model, whether that number adapts to the
+    # acceptance rate (seed 004's rule)
+    draft_tokens: Optional[int] = None
     adaptive_lookahead: bool = False
     # candidate trees: each drafted position offers its `tree_width` best tokens (1: a chain) and
     # at most `tree_nodes` candidates are verified per pass (None: the proposer's default)
@@ -61,7 +64,7 @@ def verify_options(options: MedusaDecodingOptions) -> MedusaDecodingOptions:
         raise ValueError("typical_epsilon must be in (0, 1] and typical_alpha > 0")
     if options.regulation_start is not None and options.regulation_factor < 1:
         raise ValueError("regulation_factor must be >= 1")
-    if options.draft_tokens < 1:
+    if options.draft_tokens is not None and options.draft_tokens < 1:
         raise ValueError("draft_tokens must be >= 1")
     if options.tree_width < 1 or (options.tree_nodes is not None and options.tree_nodes < 1):
         raise ValueError("tree_width and tree_nodes must be >= 1")

@@ -168,3 +168,41 @@ def test_eagle_decoding_is_lossless_on_real_speech(tiny_en, trained, tmp_path, m
             assert result.tokens == expected.tokens, (clip.name, tree)
             assert result.avg_logprob == pytest.approx(expected.avg_logprob, abs=1e-3)
             assert result.draft_proposed > 0 and result.decoder_steps < result.tokens_produced
+
+
+# what one Intel Xeon with AMX measured for base-eagle (2 threads; drafting.pass_costs, relative to
+# a one-row pass), and what a captured GPU pass is like: rows and drafting nearly free
+ACCEPTED = (0.567, 0.317, 0.167, 0.095, 0.049)  # base-eagle's held-out record
+INT8_PASSES, INT8_CHAINS = (0.992, 1.028, 1.082, 1.187, 1.195), (0.228, 0.429, 0.563, 0.677, 0.86)
+FLOAT32_PASSES, FLOAT32_CHAINS = (1.135, 1.286, 1.509, 1.548, 1.639), (0.252, 0.412, 0.564, 0.714, 0.85)
+FLAT_PASSES, FLAT_CHAINS = (1.0, 1.0, 1.01, 1.01, 1.02), (0.01, 0.02, 0.03, 0.04, 0.05)
+
+
+def test_the_chain_is_as_long_as_makes_a_token_cheapest():
+    from medusa_whisper.drafting.device.eagle import chain_depth
+
+    assert chain_depth(ACCEPTED, INT8_PASSES, INT8_CHAINS) == 2  # a token 0.77 passes, against 0.93 at 5
+    assert chain_depth(ACCEPTED, FLOAT32_PASSES, FLOAT32_CHAINS) == 1
+    assert chain_depth(ACCEPTED, FLAT_PASSES, FLAT_CHAINS) == 5
+    assert chain_depth(ACCEPTED[:3], FLAT_PASSES, FLAT_CHAINS) == 3  # no deeper than the record measured
+    assert chain_depth((0.0, 0.0), (1.0, 1.0), (0.0, 0.0)) == 1  # ties: the shorter chain
+
+
+def test_the_cpus_eagle_chain_takes_the_chosen_length_unless_one_is_given(monkeypatch):
+    """Where the host accepts, an EAGLE chain's length is the one the machine's costs choose from
+    the head's record (loaded from the heads file); a length the user gives, a tree, and the
+    device's pass (CUDA) keep theirs."""
+    from medusa_whisper.drafting import factory
+    from medusa_whisper.options import DRAFT_TOKENS, MedusaDecodingOptions
+
+    model = medusa_whisper.load_model("tiny.en-ctc+eagle", device="cpu")
+    eagle_part = next(part for part in model.draft_head.parts if part.kind == "eagle")
+    assert len(eagle_part.config.accepted_at_depth) >= 3  # from its heads file's record
+    chosen = []
+    monkeypatch.setattr(factory, "chosen_chain_depth", lambda m, head: chosen.append(head) or 3)
+    options = MedusaDecodingOptions()
+    assert factory.host_spec(model, options).depth == 3 and chosen == [eagle_part]
+    assert factory.host_spec(model, replace(options, draft_tokens=4)).depth == 4
+    assert factory.host_spec(model, replace(options, tree_width=2)).depth == DRAFT_TOKENS
+    assert factory.device_spec(model, options).depth == DRAFT_TOKENS
+    assert len(chosen) == 1

@@ -20,6 +20,7 @@ proposer on every device, ``drafting.device.eagle.DeviceEagle``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +41,9 @@ class EagleConfig:
     n_ctx: int
     # how many shortlist tokens the head proposes among (the most frequent in its training labels)
     shortlist: int = 8192
+    # the share of held-out passes whose chain candidate at each depth was accepted (its training
+    # record's replay, ``training.eagle.simulate``): what a chain's length is chosen from
+    accepted_at_depth: Tuple[float, ...] = ()
 
 
 class EagleHead(DraftHead):
@@ -70,7 +74,7 @@ class EagleHead(DraftHead):
 
     def config_dict(self) -> dict:
         return dict(n_state=self.config.n_state, n_head=self.config.n_head, n_ctx=self.config.n_ctx,
-                    shortlist=self.config.shortlist)
+                    shortlist=self.config.shortlist, accepted_at_depth=list(self.config.accepted_at_depth))
 
     def init_from(self, decoder) -> None:
         """Start the block and LayerNorm as copies of the main decoder's last block and final LayerNorm."""
@@ -100,5 +104,16 @@ class EagleHead(DraftHead):
 
 
 def build(dims: ModelDimensions, config: dict) -> EagleHead:
-    return EagleHead(EagleConfig(**{"n_state": dims.n_text_state, "n_head": dims.n_text_head,
-                                    "n_ctx": dims.n_text_ctx, **config}))
+    config = {"n_state": dims.n_text_state, "n_head": dims.n_text_head, "n_ctx": dims.n_text_ctx, **config}
+    config["accepted_at_depth"] = tuple(config.get("accepted_at_depth", ()))
+    return EagleHead(EagleConfig(**config))
+
+
+def with_record(config: dict, record: Optional[dict]) -> dict:
+    """A heads file's EAGLE config with its record's held-out acceptance by depth, where the config
+    has none (heads files written before the config carried it)."""
+    if config.get("kind") != "eagle" or config.get("accepted_at_depth"):
+        return config
+    heldout = ((record or {}).get("final") or {}).get("heldout") or {}
+    accepted = heldout.get("accepted_at_depth")
+    return dict(config, accepted_at_depth=list(accepted)) if accepted else config

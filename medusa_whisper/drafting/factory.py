@@ -38,7 +38,8 @@ from .device.eagle import DeviceEagle
 from .device.hosted import Hosted
 from .device.medusa import DeviceMedusa
 from .device.union import DeviceUnion
-from ..options import MedusaDecodingOptions
+from .pass_costs import chosen_chain_depth
+from ..options import DRAFT_TOKENS, MedusaDecodingOptions
 from .union import UnionProposer
 
 
@@ -57,7 +58,7 @@ def make_proposer(model, audio_features: Tensor, language: str, options: MedusaD
     if options.mode == "off":
         return None
     if draft is not None:
-        return Drafter(draft, draft_mel, task, language, options.draft_tokens, options.adaptive_lookahead)
+        return Drafter(draft, draft_mel, task, language, options.draft_tokens or DRAFT_TOKENS, options.adaptive_lookahead)
     head = getattr(model, "draft_head", None)
     heads = getattr(model, "medusa", None)
     if head is None and (heads is None or in_pass is None):
@@ -115,7 +116,7 @@ def device_spec(model, options: MedusaDecodingOptions, draft=None) -> Optional[D
     head = getattr(model, "draft_head", None)
     if head is not None:
         kinds = sorted(part.kind for part in head.parts) if head.kind == "union" else [head.kind]
-        depth, width = options.draft_tokens, options.tree_width
+        depth, width = options.draft_tokens or DRAFT_TOKENS, options.tree_width
         nodes = options.tree_nodes or (depth if width == 1 else DEFAULT_TREE_NODES)
         ctc = next((part for part in getattr(head, "parts", [head]) if part.kind == "ctc"), None)
         settings = None if ctc is None else ctc.draft_settings()
@@ -144,7 +145,14 @@ def host_spec(model, options: MedusaDecodingOptions, draft=None) -> Optional[Dev
     spec = device_spec(model, options, draft)
     if spec is None or spec.kind == "ctc":
         return None
-    return replace(spec, kind="eagle", ctc=None) if spec.kind == "ctc+eagle" else spec
+    if spec.kind == "ctc+eagle":
+        spec = replace(spec, kind="eagle", ctc=None)
+    if spec.kind == "eagle" and spec.width == 1 and options.draft_tokens is None:
+        head = model.draft_head
+        eagle = next(part for part in getattr(head, "parts", [head]) if part.kind == "eagle")
+        depth = chosen_chain_depth(model, eagle)
+        spec = replace(spec, depth=depth, nodes=options.tree_nodes or depth)
+    return spec
 
 
 def device_proposer(spec: DeviceSpec, model, step) -> DeviceProposer:

@@ -1,7 +1,12 @@
-"""What a decoder pass over n new rows costs on the running machine, relative to a pass over one.
+"""What a decoder pass over n new rows costs on the running machine, relative to a pass over one,
+and what the EAGLE head's drafting of a chain costs beside it.
 
 The CTC proposer chooses how many draft tokens to verify per pass from this table
-(``ctc_proposer.choose_chunk``): a long chunk pays only where extra rows cost little. How little
+(``ctc_proposer.choose_chunk``): a long chunk pays only where extra rows cost little. The EAGLE
+head's chain, where the host accepts, is as long as makes a token cheapest given what its rows and
+its drafting cost here (``chosen_chain_depth``): each drafted token is a pass of the head's block,
+which on a CPU costs about a sixth of the decoder's pass, so a long chain that pays where drafting
+is part of a captured pass does not on a CPU. How little
 depends on the CPU, its memory, the compute type and the model: on one 2-core EPYC, 32 rows of base
 cost 5.4 single-row passes at float32 and 2.8 at int8; on a CPU with AMX the int8 curve is flatter
 still. So the table is not written in the code or in a head's file: it is measured here, the first
@@ -16,13 +21,16 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from ..options import DRAFT_TOKENS
 from ..step.compute import compute_type_of
 from ..step.cpu import cpu_step
 from ..step.attention import chain_mask
+from .device.eagle import DeviceEagle, chain_depth
 
 CONTEXT = 60  # cached tokens before the timed rows: about the middle of a window's text
 ROUNDS = 3  # each row count is timed this often, interleaved with the others; its fastest round counts
 _MEMO = "_measured_pass_costs"  # attribute of the decoder: {(compute type, row counts): costs}
+CHAIN_DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8)  # the EAGLE chains weighed, at most as many as the head's record measured
 
 
 def measured_pass_costs(model, rows: Sequence[int], audio_features: Optional[Tensor] = None) -> Tuple[float, ...]:
@@ -70,3 +78,65 @@ def _measure(model, rows: Tuple[int, ...], audio_features: Tensor) -> Tuple[floa
         for n in rows:  # slows one round of every count, not every round of one
             best[n] = min(best[n], one_pass(n))
     return tuple(round(best[n] / best[rows[0]], 3) for n in rows)
+
+
+def chosen_chain_depth(model, head) -> int:
+    """The EAGLE chain length that makes a token cheapest on the running machine, where the host
+    accepts (``chain_depth``): the head's held-out acceptance at each depth (its record), the
+    decoder's pass over each number of rows and the head's drafting of each chain, measured once
+    per model and compute type. The default length where the record has no acceptance."""
+    accepted = tuple(head.config.accepted_at_depth)
+    if not accepted:
+        return DRAFT_TOKENS
+    depths = CHAIN_DEPTHS[:len(accepted)]
+    memo = model.decoder.__dict__.setdefault(_MEMO, {})
+    key = (compute_type_of(model), "eagle chain", depths)
+    if key not in memo:
+        memo[key] = _measure_chains(model, head, depths)
+    pass_costs, draft_costs = memo[key]
+    return chain_depth(accepted, pass_costs, draft_costs)
+
+
+@torch.no_grad()
+def _measure_chains(model, head, depths: Tuple[int, ...]) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+    """Over a one-row pass after CONTEXT tokens: the pass over 1 + d rows and the head's advance
+    that drafts a chain of d (its commit of two rows, the pending token and one accepted, then the
+    chain), for each d of ``depths``; the fastest of interleaved rounds."""
+    dims, device = model.dims, model.decoder.positional_embedding.device
+    features = torch.zeros(1, dims.n_audio_ctx, dims.n_audio_state, device=device)
+    step = cpu_step(model, 1, features.dtype, device)
+    step.set_audio(features)
+    context = torch.arange(CONTEXT, device=device)[None]
+    hidden = step.pass_at(context, context[0], 0, chain_mask(0, CONTEXT, device))
+    history = torch.zeros(1, dims.n_text_ctx + 1, dtype=torch.long, device=device)
+    greedy = torch.zeros(1, 1, dtype=torch.long, device=device)
+    start, two = torch.tensor([CONTEXT - 2], device=device), torch.tensor([2], device=device)
+    chains = {d: DeviceEagle(head, step, d) for d in depths}
+    for chain in chains.values():
+        chain.begin(features, None)
+        chain.advance(hidden, history, torch.zeros_like(start), torch.tensor([CONTEXT], device=device), greedy, None)
+
+    def timed(run) -> float:
+        began = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - began
+
+    def one_pass(n: int):
+        new = torch.zeros(1, n, dtype=torch.long, device=device)
+        positions = torch.arange(CONTEXT, CONTEXT + n, device=device)
+        return lambda: step.logits(step.pass_at(new, positions, CONTEXT, chain_mask(CONTEXT, n, device)))
+
+    runs = {("pass", n): one_pass(n) for n in [1] + [1 + d for d in depths]}
+    runs.update({("chain", d): (lambda c=chain: c.advance(hidden[:, CONTEXT - 2:], history, start, two, greedy, None))
+                 for d, chain in chains.items()})
+    for run in runs.values():  # the first run of a shape may choose its kernels or allocate: untimed
+        run()
+    best = {key: float("inf") for key in runs}
+    for _ in range(ROUNDS):
+        for key, run in runs.items():
+            best[key] = min(best[key], timed(run))
+    one = best[("pass", 1)]
+    return (tuple(round(best[("pass", 1 + d)] / one, 3) for d in depths),
+            tuple(round(best[("chain", d)] / one, 3) for d in depths))

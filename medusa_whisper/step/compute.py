@@ -63,8 +63,9 @@ log = logging.getLogger(__name__)
 
 COMPUTE_TYPES = ("float32", "int8", "bfloat16", "float16", "int8_float16")
 CPU_COMPUTE_TYPES = ("float32", "int8", "bfloat16")
-# bump when the cached layout or the quantisation changes: old cache files are then ignored
-CACHE_FORMAT = 2
+# bump when the cached layout, the quantisation or what rebuilds the skeleton changes: old cache
+# files are then ignored (3: an EAGLE head's config carries its held-out acceptance by depth)
+CACHE_FORMAT = 3
 
 
 class ComputeTypeError(MedusaWhisperError, ValueError):

@@ -18,7 +18,7 @@ between passes (``hosted.Hosted``). Its arithmetic:
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,20 @@ from torch import Tensor
 from ...step.fixed import DraftBlock, FixedStep, layer_norm, linear
 from ..tree_layout import pack_on_device
 from .base import DeviceProposer
+
+
+def chain_depth(accepted_at_depth: Sequence[float], pass_costs: Sequence[float], draft_costs: Sequence[float]) -> int:
+    """The chain length d that makes a token cheapest: a pass over a chain of d gives 1 + the sum of
+    the first d acceptances tokens (``accepted_at_depth[k]``: the share of passes whose candidate at
+    depth k + 1 is accepted) and costs ``pass_costs[d - 1]`` (the decoder's pass over 1 + d rows)
+    plus ``draft_costs[d - 1]`` (the head's drafting of the chain), both in one-row passes. Ties
+    take the shorter chain."""
+    best, depth = float("inf"), 1
+    for d in range(1, min(len(accepted_at_depth), len(pass_costs), len(draft_costs)) + 1):
+        per_token = (pass_costs[d - 1] + draft_costs[d - 1]) / (1 + sum(accepted_at_depth[:d]))
+        if per_token < best - 1e-12:
+            best, depth = per_token, d
+    return depth
 
 
 class DeviceEagle(DeviceProposer):
