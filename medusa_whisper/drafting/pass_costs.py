@@ -92,13 +92,13 @@ def chosen_chain_depth(model, head) -> int:
     memo = model.decoder.__dict__.setdefault(_MEMO, {})
     key = (compute_type_of(model), "eagle chain", depths)
     if key not in memo:
-        memo[key] = _measure_chains(model, head, depths)
+        memo[key] = measure_chains(model, head, depths)
     pass_costs, draft_costs = memo[key]
     return chain_depth(accepted, pass_costs, draft_costs)
 
 
 @torch.no_grad()
-def _measure_chains(model, head, depths: Tuple[int, ...]) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+def measure_chains(model, head, depths: Tuple[int, ...]) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
     """Over a one-row pass after CONTEXT tokens: the pass over 1 + d rows and the head's advance
     that drafts a chain of d (its commit of two rows, the pending token and one accepted, then the
     chain), for each d of ``depths``; the fastest of interleaved rounds."""

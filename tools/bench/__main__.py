@@ -19,6 +19,7 @@ COMMANDS = {
     "ctc": Command("tools.bench.ctc", "a CTC draft head on recordings"),
     "typical": Command("tools.bench.typical", "lossless against typical acceptance: tokens per pass, time, WER"),
     "eagle": Command("tools.bench.eagle_first_token", "where an EAGLE head's first drafted token goes wrong"),
+    "eagle-chain": Command("tools.bench.eagle_chain", "a token's cost at each EAGLE chain length here, and the one chosen"),
     "ray": Command("tools.bench.ray_workers", "transcribe --ray against one process"),
     "rows": Command("tools.bench.matmul_rows", "x @ W.T or W @ x.T for a decoder step's few rows on this CPU"),
     "static-step": Command("tools.bench.static_step", "a static-shape decoder step, eager and compiled"),
