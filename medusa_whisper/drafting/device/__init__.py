@@ -1,3 +1,4 @@
-"""Proposers that draft inside the verification pass, as device programs (``base.DeviceProposer``):
-Medusa-Linear heads, the EAGLE head, the CTC head and the two draft heads together.
+"""Proposers as device programs (``base.DeviceProposer``): the Medusa heads (every kind), the EAGLE
+head, the CTC head's pointer and the two draft heads together. Inside the verification pass on the
+fixed-shape step; driven between passes where the host accepts (``hosted.Hosted``).
 ``drafting.factory.device_proposer`` builds one from a decoding's options."""
