@@ -12,7 +12,7 @@ Its heads file, under ``weights/<base>-<kind>.pt``:
 from __future__ import annotations
 
 import importlib
-from typing import Dict
+from typing import Dict, Optional
 
 from torch import nn
 from whisper.model import ModelDimensions
@@ -33,6 +33,11 @@ class DraftHead(nn.Module):
     def config_dict(self) -> dict:
         """Everything ``build`` needs to make the same module again (JSON-safe)."""
         raise NotImplementedError
+
+
+def head_part(head: DraftHead, kind: str) -> Optional[DraftHead]:
+    """``head`` itself if it is of ``kind``, else its union part of that kind, else None."""
+    return next((part for part in getattr(head, "parts", [head]) if part.kind == kind), None)
 
 
 def build_draft_head(dims: ModelDimensions, config: dict) -> DraftHead:

@@ -29,7 +29,7 @@ from whisper.tokenizer import get_tokenizer
 
 from .base import Proposer
 from .ctc_proposer import CtcProposer, DraftSettings
-from .draft_head import DraftHead
+from .draft_head import DraftHead, head_part
 from .draft_model import Drafter
 from .eagle import DEFAULT_TREE_NODES
 from .device.base import DeviceProposer
@@ -118,7 +118,7 @@ def device_spec(model, options: MedusaDecodingOptions, draft=None) -> Optional[D
         kinds = sorted(part.kind for part in head.parts) if head.kind == "union" else [head.kind]
         depth, width = options.draft_tokens or DRAFT_TOKENS, options.tree_width
         nodes = options.tree_nodes or (depth if width == 1 else DEFAULT_TREE_NODES)
-        ctc = next((part for part in getattr(head, "parts", [head]) if part.kind == "ctc"), None)
+        ctc = head_part(head, "ctc")
         settings = None if ctc is None else ctc.draft_settings()
         if kinds == ["eagle"]:
             return DeviceSpec("eagle", depth, width, nodes)
@@ -148,9 +148,7 @@ def host_spec(model, options: MedusaDecodingOptions, draft=None) -> Optional[Dev
     if spec.kind == "ctc+eagle":
         spec = replace(spec, kind="eagle", ctc=None)
     if spec.kind == "eagle" and spec.width == 1 and options.draft_tokens is None:
-        head = model.draft_head
-        eagle = next(part for part in getattr(head, "parts", [head]) if part.kind == "eagle")
-        depth = chosen_chain_depth(model, eagle)
+        depth = chosen_chain_depth(model, head_part(model.draft_head, "eagle"))
         spec = replace(spec, depth=depth, nodes=options.tree_nodes or depth)
     return spec
 
@@ -160,13 +158,12 @@ def device_proposer(spec: DeviceSpec, model, step) -> DeviceProposer:
     if spec.kind == "medusa":
         return DeviceMedusa(model.medusa, step, spec.depth, spec.width, spec.nodes)
     head = model.draft_head
-    parts = {part.kind: part for part in head.parts} if head.kind == "union" else {head.kind: head}
     eagle = ctc = None
     if "eagle" in spec.kind:
-        eagle = DeviceEagle(parts["eagle"], step, spec.depth, spec.width, spec.nodes)
+        eagle = DeviceEagle(head_part(head, "eagle"), step, spec.depth, spec.width, spec.nodes)
     if "ctc" in spec.kind:
         tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
-        ctc = DeviceCtc(parts["ctc"], step, spec.ctc, tokenizer.eot, tokenizer.timestamp_begin,
+        ctc = DeviceCtc(head_part(head, "ctc"), step, spec.ctc, tokenizer.eot, tokenizer.timestamp_begin,
                         *vocabulary_bytes(tokenizer, model.dims.n_vocab))
     if ctc is not None and eagle is not None:
         return DeviceUnion(ctc, eagle)

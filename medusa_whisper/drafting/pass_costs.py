@@ -16,7 +16,7 @@ time a model drafts at its compute type, and kept on the model's decoder for the
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -56,28 +56,48 @@ def measured_pass_costs(model, rows: Sequence[int], audio_features: Optional[Ten
 def _measure(model, rows: Tuple[int, ...], audio_features: Tensor) -> Tuple[float, ...]:
     """Each count's pass (the decoder step on the CPU's products and the vocabulary) after CONTEXT
     tokens, timed; its fastest round over the first count's."""
+    step, _ = _context_step(model, audio_features)
+    best = _fastest({n: _pass(step, n) for n in rows}, audio_features.device)
+    return tuple(round(best[n] / best[rows[0]], 3) for n in rows)
+
+
+def _context_step(model, audio_features: Tensor):
+    """The CPU's step over one window with CONTEXT tokens cached (any tokens: the time does not
+    depend on them), and their states."""
     device = audio_features.device
     step = cpu_step(model, 1, audio_features.dtype, device)
     step.set_audio(audio_features)
-    context = torch.arange(CONTEXT, device=device)[None]  # any tokens: the time does not depend on them
-    step.pass_at(context, context[0], 0, chain_mask(0, CONTEXT, device))
+    context = torch.arange(CONTEXT, device=device)[None]
+    return step, step.pass_at(context, context[0], 0, chain_mask(0, CONTEXT, device))
 
-    def one_pass(n: int) -> float:
-        new = torch.zeros(1, n, dtype=torch.long, device=device)
-        positions = torch.arange(CONTEXT, CONTEXT + n, device=device)
+
+def _pass(step, n: int) -> Callable[[], object]:
+    """A pass over n new rows after the context, and the vocabulary (the next writes its rows' slots again)."""
+    device = step.device
+    new = torch.zeros(1, n, dtype=torch.long, device=device)
+    positions = torch.arange(CONTEXT, CONTEXT + n, device=device)
+    return lambda: step.logits(step.pass_at(new, positions, CONTEXT, chain_mask(CONTEXT, n, device)))
+
+
+def _fastest(runs: Dict[Hashable, Callable[[], object]], device: torch.device) -> Dict[Hashable, float]:
+    """Each run's fastest of ROUNDS rounds, in seconds. Each runs once untimed first (the first run of
+    a shape may choose its kernels, routes.py, or allocate); rounds interleave the runs, so that a
+    burst of load elsewhere slows one round of every run, not every round of one."""
+
+    def timed(run) -> float:
         began = time.perf_counter()
-        step.logits(step.pass_at(new, positions, CONTEXT, chain_mask(CONTEXT, n, device)))
+        run()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return time.perf_counter() - began  # the next pass writes its rows' slots again
+        return time.perf_counter() - began
 
-    for n in rows:  # the first pass of a shape may choose its kernels (routes.py) or allocate: untimed
-        one_pass(n)
-    best = {n: float("inf") for n in rows}
-    for _ in range(ROUNDS):  # rounds interleave the row counts, so that a burst of load elsewhere
-        for n in rows:  # slows one round of every count, not every round of one
-            best[n] = min(best[n], one_pass(n))
-    return tuple(round(best[n] / best[rows[0]], 3) for n in rows)
+    for run in runs.values():
+        run()
+    best = {key: float("inf") for key in runs}
+    for _ in range(ROUNDS):
+        for key, run in runs.items():
+            best[key] = min(best[key], timed(run))
+    return best
 
 
 def chosen_chain_depth(model, head) -> int:
@@ -104,39 +124,18 @@ def measure_chains(model, head, depths: Tuple[int, ...]) -> Tuple[Tuple[float, .
     chain), for each d of ``depths``; the fastest of interleaved rounds."""
     dims, device = model.dims, model.decoder.positional_embedding.device
     features = torch.zeros(1, dims.n_audio_ctx, dims.n_audio_state, device=device)
-    step = cpu_step(model, 1, features.dtype, device)
-    step.set_audio(features)
-    context = torch.arange(CONTEXT, device=device)[None]
-    hidden = step.pass_at(context, context[0], 0, chain_mask(0, CONTEXT, device))
+    step, hidden = _context_step(model, features)
     history = torch.zeros(1, dims.n_text_ctx + 1, dtype=torch.long, device=device)
     greedy = torch.zeros(1, 1, dtype=torch.long, device=device)
     start, two = torch.tensor([CONTEXT - 2], device=device), torch.tensor([2], device=device)
     chains = {d: DeviceEagle(head, step, d) for d in depths}
-    for chain in chains.values():
+    for chain in chains.values():  # its cache holds the context
         chain.begin(features, None)
         chain.advance(hidden, history, torch.zeros_like(start), torch.tensor([CONTEXT], device=device), greedy, None)
-
-    def timed(run) -> float:
-        began = time.perf_counter()
-        run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - began
-
-    def one_pass(n: int):
-        new = torch.zeros(1, n, dtype=torch.long, device=device)
-        positions = torch.arange(CONTEXT, CONTEXT + n, device=device)
-        return lambda: step.logits(step.pass_at(new, positions, CONTEXT, chain_mask(CONTEXT, n, device)))
-
-    runs = {("pass", n): one_pass(n) for n in [1] + [1 + d for d in depths]}
+    runs = {("pass", n): _pass(step, n) for n in [1] + [1 + d for d in depths]}
     runs.update({("chain", d): (lambda c=chain: c.advance(hidden[:, CONTEXT - 2:], history, start, two, greedy, None))
                  for d, chain in chains.items()})
-    for run in runs.values():  # the first run of a shape may choose its kernels or allocate: untimed
-        run()
-    best = {key: float("inf") for key in runs}
-    for _ in range(ROUNDS):
-        for key, run in runs.items():
-            best[key] = min(best[key], timed(run))
+    best = _fastest(runs, device)
     one = best[("pass", 1)]
     return (tuple(round(best[("pass", 1 + d)] / one, 3) for d in depths),
             tuple(round(best[("chain", d)] / one, 3) for d in depths))

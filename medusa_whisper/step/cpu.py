@@ -238,10 +238,11 @@ class CpuProducts:
         decoder = model.decoder
         first = decoder.blocks[0]
         self.model, self.blocks = model, decoder.blocks
-        self.dtype = product_dtype(decoder, residual)  # what the in-pass proposers' own products run in
+        self.dtype = product_dtype(decoder, residual)  # the decoder's products' dtype (FixedStep.dtype)
         self.layers: List[Layer] = [cpu_layer(block) for block in decoder.blocks]
-        # what the proposers that draft in the pass read (drafting/device): the tied vocabulary
-        self.vocabulary = decoder.token_embedding.weight.detach().to(self.dtype)
+        # the tied embedding as it is (read for its rows, the vocabulary's size; the proposers
+        # multiply by ``projection``), and in the residual dtype for the EAGLE head's input
+        self.vocabulary = decoder.token_embedding.weight.detach()
         self.embedding = decoder.token_embedding.weight.detach().to(residual)
         self.positional = decoder.positional_embedding.detach().to(residual)
         self.decoder, self.residual = decoder, residual

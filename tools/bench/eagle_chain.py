@@ -17,6 +17,7 @@ import torch
 
 import medusa_whisper
 from medusa_whisper.drafting.device.eagle import chain_depth
+from medusa_whisper.drafting.draft_head import head_part
 from medusa_whisper.drafting.pass_costs import CHAIN_DEPTHS, measure_chains
 from tools import ROOT
 
@@ -35,8 +36,7 @@ def main() -> None:
     curves = {}
     for compute_type in args.compute_types.split(","):
         model = medusa_whisper.load_model(args.model, device="cpu", compute_type=compute_type)
-        head = model.draft_head
-        head = next(part for part in getattr(head, "parts", [head]) if part.kind == "eagle")
+        head = head_part(model.draft_head, "eagle")
         accepted = tuple(head.config.accepted_at_depth)
         if not accepted:
             raise SystemExit(f"{args.model}: its heads file's record has no held-out acceptance by depth")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Hashable, List, Optional, Sequence, Tuple
 
+import torch
 from torch import Tensor
 
 Shape = Hashable
@@ -48,10 +49,14 @@ class DeviceProposer:
         raise NotImplementedError
 
     def renew(self) -> None:
-        """New tensors for the buffers the proposer writes in place (``state``'s), called by
-        ``begin`` where nothing replays them (the CPU's products): a proposer made under
-        ``torch.inference_mode`` and kept on the model may not write its tensors in place outside
-        it, as the step's own buffers may not (``FixedStep.set_audio``)."""
+        """New tensors, zeros, for the buffers ``state`` names (its attributes that hold them).
+        ``hosted.Hosted`` calls it once a window, where nothing replays those buffers: a proposer
+        made under ``torch.inference_mode`` and kept on the model may not write its tensors in
+        place outside it, as the step's own buffers may not (``FixedStep.set_audio``)."""
+        kept = self.state()
+        for name, value in list(vars(self).items()):
+            if any(value is buffer for buffer in kept):
+                setattr(self, name, torch.zeros_like(value))
 
     def next_shape(self, room: int) -> Optional[Shape]:
         """Host: the shape of the next pass's proposal, or None where no proposal fits in ``room``

@@ -91,15 +91,7 @@ class DeviceEagle(DeviceProposer):
     # ------------------------------------------------------------------ host
 
     def begin(self, audio_features: Tensor, tokenizer) -> None:
-        if not self.step.products.fixed_shapes:  # see DeviceProposer.renew
-            self.renew()
         self.block.set_audio(audio_features.to(self.step.residual))
-
-    def renew(self) -> None:
-        if self.tree:
-            self.packed = torch.zeros_like(self.packed)
-        else:
-            self.tokens = torch.zeros_like(self.tokens)
 
     def next_shape(self, room: int) -> Optional[int]:
         """A chain of ``depth`` tokens, or the tree: one shape each."""

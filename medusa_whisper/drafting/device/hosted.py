@@ -35,6 +35,7 @@ class Hosted(Proposer):
         self.history = torch.zeros(1, n_ctx + 1, dtype=torch.long, device=device)
         self.shape: Optional[Shape] = None  # of the proposal in the proposer's buffers
         with self._timed():
+            proposer.renew()  # nothing captured replays its buffers here
             proposer.begin(audio_features, tokenizer)
 
     def _commit(self, committed: Committed) -> None:

@@ -58,16 +58,8 @@ class DeviceMedusa(DeviceProposer):
             self.tokens = torch.zeros(1, num_heads, dtype=torch.long, device=device)
 
     def begin(self, audio_features: Tensor, tokenizer) -> None:
-        if not self.step.products.fixed_shapes:  # see DeviceProposer.renew
-            self.renew()
         if self.block is not None:  # else the heads keep nothing between windows
             self.block.set_audio(audio_features.to(self.step.residual))
-
-    def renew(self) -> None:
-        if self.tree:
-            self.packed = torch.zeros_like(self.packed)
-        else:
-            self.tokens = torch.zeros_like(self.tokens)
 
     def next_shape(self, room: int) -> Optional[int]:
         """A chain of every head's token, or the tree: one shape each."""
