@@ -176,6 +176,9 @@ ACCEPTED = (0.567, 0.317, 0.167, 0.095, 0.049)  # base-eagle's held-out record
 INT8_PASSES, INT8_CHAINS = (0.992, 1.028, 1.082, 1.187, 1.195), (0.228, 0.429, 0.563, 0.677, 0.86)
 FLOAT32_PASSES, FLOAT32_CHAINS = (1.135, 1.286, 1.509, 1.548, 1.639), (0.252, 0.412, 0.564, 0.714, 0.85)
 FLAT_PASSES, FLAT_CHAINS = (1.0, 1.0, 1.01, 1.01, 1.02), (0.01, 0.02, 0.03, 0.04, 0.05)
+# what an AVX2-only AMD EPYC measured for base-eagle int8 (2 threads; python -m tools.bench
+# eagle-chain, 2026-11-28): a second row costs 0.39 of a pass, so no chain beats plain decoding
+AVX2_INT8_PASSES, AVX2_INT8_CHAINS = (1.387, 1.626, 1.817, 2.507, 2.812), (0.472, 0.482, 0.719, 0.876, 1.115)
 
 
 def test_the_chain_is_as_long_as_makes_a_token_cheapest():
@@ -185,7 +188,30 @@ def test_the_chain_is_as_long_as_makes_a_token_cheapest():
     assert chain_depth(ACCEPTED, FLOAT32_PASSES, FLOAT32_CHAINS) == 1
     assert chain_depth(ACCEPTED, FLAT_PASSES, FLAT_CHAINS) == 5
     assert chain_depth(ACCEPTED[:3], FLAT_PASSES, FLAT_CHAINS) == 3  # no deeper than the record measured
-    assert chain_depth((0.0, 0.0), (1.0, 1.0), (0.0, 0.0)) == 1  # ties: the shorter chain
+    assert chain_depth(ACCEPTED, AVX2_INT8_PASSES, AVX2_INT8_CHAINS) == 0  # the best chain, 2: 1.12 passes a token
+    assert chain_depth((0.5, 0.0), (1.5, 1.5), (0.0, 0.0)) == 0  # ties: the shorter chain, here none
+    assert chain_depth((0.5, 0.0), (1.2, 1.2), (0.0, 0.0)) == 1
+
+
+def test_where_no_chain_pays_the_eagle_head_drafts_nothing(monkeypatch):
+    """Where the machine's costs choose no chain (length 0), decoding with the EAGLE head is plain
+    greedy decoding with no drafting at all, and a CTC + EAGLE union drafts by its CTC part alone;
+    both still give greedy decoding's tokens."""
+    from medusa_whisper.drafting import factory
+    from medusa_whisper.options import MedusaDecodingOptions
+
+    monkeypatch.setattr(factory, "chosen_chain_depth", lambda m, head: 0)
+    mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(load_audio(DATA / "real" / "jfk.flac")))
+    for name, drafts in (("tiny.en-eagle", False), ("tiny.en-ctc+eagle", True)):
+        model = medusa_whisper.load_model(name, device="cpu")
+        assert factory.host_spec(model, MedusaDecodingOptions()) is None
+        expected = decode(model, mel, language="en", fp16=False, mode="off")
+        result = decode(model, mel, language="en", fp16=False)
+        assert result.tokens == expected.tokens, name
+        assert (result.draft_proposed > 0) == drafts, name
+        assert (result.decoder_steps < result.tokens_produced) == drafts, name
+        given = decode(model, mel, language="en", fp16=False, draft_tokens=2)  # a length given is kept
+        assert given.tokens == expected.tokens and given.draft_proposed > 0, name
 
 
 def test_the_cpus_eagle_chain_takes_the_chosen_length_unless_one_is_given(monkeypatch):

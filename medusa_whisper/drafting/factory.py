@@ -68,19 +68,22 @@ def make_proposer(model, audio_features: Tensor, language: str, options: MedusaD
     hosted = None if in_pass is None else Hosted(in_pass, audio_features, tokenizer, model.dims.n_text_ctx)
     if head is None:
         return hosted
+    if head_part(head, "eagle") is not None and hosted is None and host_spec(model, options) is not None:
+        raise ValueError("the EAGLE head drafts by its in-pass proposer: pass in_pass (host_spec's)")
     return head_proposer(head, model, audio_features, tokenizer, options, hosted)
 
 
 def head_proposer(head: DraftHead, model, audio_features: Tensor, tokenizer, options: MedusaDecodingOptions,
-                  hosted: Optional[Proposer] = None) -> Proposer:
+                  hosted: Optional[Proposer] = None) -> Optional[Proposer]:
     """The host proposer of a draft head, by its kind (a union's parts each by theirs): the CTC
-    head's own, or ``hosted`` (the EAGLE head's in-pass proposer, driven between passes)."""
+    head's own, or ``hosted`` (the EAGLE head's in-pass proposer, driven between passes). None
+    for an EAGLE head without one: ``host_spec`` asks for none where no chain pays on this machine,
+    so it drafts nothing (and a union is its other parts)."""
     if head.kind == "union":
-        return UnionProposer([head_proposer(part, model, audio_features, tokenizer, options, hosted)
-                              for part in head.parts])
+        parts = [head_proposer(part, model, audio_features, tokenizer, options, hosted) for part in head.parts]
+        parts = [part for part in parts if part is not None]
+        return (UnionProposer(parts) if len(parts) > 1 else parts[0]) if parts else None
     if head.kind == "eagle":
-        if hosted is None:
-            raise ValueError("the EAGLE head drafts by its in-pass proposer: pass in_pass (host_spec's)")
         return hosted
     if head.kind == "ctc":
         began = time.perf_counter()
@@ -149,6 +152,8 @@ def host_spec(model, options: MedusaDecodingOptions, draft=None) -> Optional[Dev
         spec = replace(spec, kind="eagle", ctc=None)
     if spec.kind == "eagle" and spec.width == 1 and options.draft_tokens is None:
         depth = chosen_chain_depth(model, head_part(model.draft_head, "eagle"))
+        if depth == 0:  # no chain pays on this machine: the EAGLE head drafts nothing (head_proposer)
+            return None
         spec = replace(spec, depth=depth, nodes=options.tree_nodes or depth)
     return spec
 

@@ -1,7 +1,8 @@
 """What a token costs at each EAGLE chain length on this machine, and the length the CPU's decoding
 chooses (``drafting.pass_costs.chosen_chain_depth``): per length d, the decoder's pass over 1 + d
 rows and the head's drafting of the chain (both measured here, in one-row passes), over the tokens
-a pass gives (1 + the head's held-out acceptance at depths 1..d, from its heads file's record).
+a pass gives (1 + the head's held-out acceptance at depths 1..d, from its heads file's record);
+length 0 is plain decoding (one one-row pass a token), chosen where no chain beats it.
 
     python -m tools.bench eagle-chain --model base-eagle --compute-types int8,float32
 
@@ -44,6 +45,8 @@ def main() -> None:
         passes, chains = measure_chains(model, head, depths)
         chosen = chain_depth(accepted, passes, chains)
         curves[compute_type] = []
+        lines.append(f"| {compute_type} | 0 (plain decoding) | 1.000 | 0.000 | 1.000 | 1.000 | "
+                     f"{'yes' if chosen == 0 else ''} |")
         for d in depths:
             tokens = 1 + sum(accepted[:d])
             per_token = (passes[d - 1] + chains[d - 1]) / tokens

@@ -33,9 +33,10 @@ def chain_depth(accepted_at_depth: Sequence[float], pass_costs: Sequence[float],
     """The chain length d that makes a token cheapest: a pass over a chain of d gives 1 + the sum of
     the first d acceptances tokens (``accepted_at_depth[k]``: the share of passes whose candidate at
     depth k + 1 is accepted) and costs ``pass_costs[d - 1]`` (the decoder's pass over 1 + d rows)
-    plus ``draft_costs[d - 1]`` (the head's drafting of the chain), both in one-row passes. Ties
-    take the shorter chain."""
-    best, depth = float("inf"), 1
+    plus ``draft_costs[d - 1]`` (the head's drafting of the chain), both in one-row passes. 0 where
+    no chain makes a token cheaper than plain decoding's one-row pass (on a CPU whose extra rows
+    cost nearly a pass each: an AVX2-only EPYC's int8 decoder). Ties take the shorter chain."""
+    best, depth = 1.0, 0  # d = 0: plain decoding, one one-row pass a token, nothing drafted
     for d in range(1, min(len(accepted_at_depth), len(pass_costs), len(draft_costs)) + 1):
         per_token = (pass_costs[d - 1] + draft_costs[d - 1]) / (1 + sum(accepted_at_depth[:d]))
         if per_token < best - 1e-12:
