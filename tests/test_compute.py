@@ -308,8 +308,12 @@ def test_a_model_with_a_draft_head_loads_from_its_cache(head, tmp_path, monkeypa
     assert first_state.keys() == second_state.keys()
     assert all(torch.equal(first_state[k], second_state[k]) for k in first_state)
     mel = mel_of(JFK)
-    a, b = decode(first, mel, GREEDY), decode(second, mel, GREEDY)
+    # a chain length given: the one each model would choose is timed per model, and on a machine
+    # where two lengths cost about the same its choice can differ between two loads
+    a, b = decode(first, mel, GREEDY, draft_tokens=2), decode(second, mel, GREEDY, draft_tokens=2)
     assert a.tokens == b.tokens and a.decoder_steps == b.decoder_steps
+    if "eagle" in head:  # the shipped head's chain is accepted (an untrained CTC head's rarely)
+        assert a.decoder_steps < a.tokens_produced
 
 
 @pytest.mark.parametrize("native", [True, False])

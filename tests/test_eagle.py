@@ -163,7 +163,9 @@ def test_eagle_decoding_is_lossless_on_real_speech(tiny_en, trained, tmp_path, m
         mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(load_audio(clip)))
         options = dict(language="en", fp16=False, without_timestamps=without_timestamps)
         expected = whisper.decode(tiny_en, mel, whisper.DecodingOptions(**options))
-        for tree in (dict(), dict(tree_width=3, tree_nodes=8)):
+        # a chain of a given length (the length chosen from this machine's costs may be 0: tested
+        # below), and a tree
+        for tree in (dict(draft_tokens=3), dict(tree_width=3, tree_nodes=8)):
             result = decode(model, mel, **options, **tree)
             assert result.tokens == expected.tokens, (clip.name, tree)
             assert result.avg_logprob == pytest.approx(expected.avg_logprob, abs=1e-3)
