@@ -16,6 +16,7 @@ from medusa_whisper.step.compute import (ComputeTypeError, HalfLinear, Int8Linea
                                          check_compute_type, cpu_has_bfloat16)
 from medusa_whisper.step.projection import project
 from medusa_whisper.step.projection import Int8Projection
+from medusa_whisper.step.int8_kernels import dynamic_prepack, dynamic_reduce_range
 
 from helpers import random_model, randomize_heads, with_heads
 
@@ -85,7 +86,9 @@ def test_int8_projection_rows_are_independent_and_a_shortlist_projects_as_the_wh
     torch.manual_seed(0)
     weight = torch.randn(5000, 384) * 0.05
     full = Int8Projection.from_weight(weight)
-    full.kernel = kernel  # both, whichever this CPU would choose
+    if kernel == "dynamic" and dynamic_prepack(full.qweight, full.scale) is None:
+        pytest.skip("this PyTorch has no fbgemm products")
+    full.kernel = kernel  # each, whichever this CPU would choose
     states = torch.randn(1, 6, 384)
     logits = full(states)  # (1, 6, 5000)
     assert logits.shape == (1, 6, 5000)
@@ -97,6 +100,40 @@ def test_int8_projection_rows_are_independent_and_a_shortlist_projects_as_the_wh
     exact = states @ weight.T
     assert (logits - exact).abs().max() / exact.abs().max() < 0.03
     assert full.kernel == short.kernel == kernel
+
+
+def test_fbgemms_row_quantisation_is_exact_in_its_worst_case_at_the_range_this_machine_measured():
+    """Rows of the largest activations against the largest weights: 8 bits saturate a 16-bit pair
+    sum on CPUs without VNNI, so ``dynamic_reduce_range`` must say 7 there, and give exact sums."""
+    qweight = torch.full((16, 256), 127, dtype=torch.int8)
+    packed = dynamic_prepack(qweight, torch.ones(16))
+    if packed is None:
+        pytest.skip("this PyTorch has no fbgemm products")
+    y = torch.ops.quantized.linear_dynamic(torch.ones(1, 256), packed, dynamic_reduce_range())
+    assert torch.equal(y, torch.full((1, 16), 127.0 * 256))
+
+
+def test_fbgemms_projection_of_a_real_decodings_states_picks_float32s_tokens():
+    """The "dynamic" kernel (fbgemm, rows quantised one by one) on the states of a real decoding:
+    within int8's error of float32's logits, and the same token at every position."""
+    model = medusa_whisper.load_model("tiny.en", device="cpu")
+    decoder = model.decoder
+    features = model.embed_audio(mel_of(JFK)[None])
+    tokens = torch.tensor([list(decode(model, features[0], **GREEDY.__dict__, mode="off").tokens)])
+    states = {}
+    hook = decoder.ln.register_forward_hook(lambda module, args, out: states.setdefault("ln", out))
+    with torch.no_grad():
+        decoder(tokens, features)
+    hook.remove()
+    weight = decoder.token_embedding.weight.detach()
+    projection = Int8Projection.from_weight(weight)
+    if dynamic_prepack(projection.qweight, projection.scale) is None:
+        pytest.skip("this PyTorch has no fbgemm products")
+    projection.kernel = "dynamic"
+    logits, exact = projection(states["ln"]), states["ln"] @ weight.T
+    assert logits.dtype == torch.float32
+    assert (logits - exact).abs().max() / exact.abs().max() < 0.03
+    assert torch.equal(logits.argmax(-1), exact.argmax(-1))
 
 
 def test_the_int8_projection_kernel_is_measured_once_per_machine_for_every_selection(monkeypatch, tmp_path):

@@ -198,6 +198,30 @@ def test_a_kernel_choice_timed_while_the_machine_was_busy_is_timed_again_by_the_
     assert RouteTable(path).costs("batch sizes", lambda: {"1": 0.0, "8": 0.0}) == {"1": 9.0, "8": 1.0}
 
 
+def test_a_kernel_choice_is_timed_again_when_its_candidates_change(tmp_path, monkeypatch):
+    """A kernel added to a choice (the int8 projection's "dynamic") is timed against the kept one by
+    the next process, and a choice timed with it is kept while the candidates stay the same."""
+    path = tmp_path / "routes.json"
+    name = "int8 projection 51865x512"
+    timings = []
+    busy_machine(monkeypatch, False)
+
+    def candidates(micros):
+        def timer(kernel):
+            def run():
+                timings.append(kernel)
+                return micros[kernel]
+            return run
+        return {k: timer(k) for k in micros}
+
+    assert RouteTable(path).choose_kernel(name, candidates({"rowwise": 2.0, "weight_only": 1.0})) == "weight_only"
+    added = {"rowwise": 2.0, "dynamic": 0.5}  # weight_only no longer offered, dynamic new
+    assert RouteTable(path).choose_kernel(name, candidates(added)) == "dynamic"
+    assert RouteTable(path).choose_kernel(name, candidates({"rowwise": 0.1, "dynamic": 9.0})) == "dynamic"  # kept
+    assert timings == ["rowwise", "weight_only", "rowwise", "dynamic"]
+    assert set(json.loads(path.read_text())["choices"][name]["us"]) == {"rowwise", "dynamic"}
+
+
 def test_row_routes_timed_while_the_machine_was_busy_are_timed_again_at_once(tmp_path, monkeypatch):
     calls = []
     busy_machine(monkeypatch, True)

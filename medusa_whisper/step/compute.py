@@ -10,7 +10,8 @@
 - ``int8``: every linear outside the encoder (decoder, Medusa heads and block, any drafter module
   attached to the model) becomes an ``Int8Linear``: int8 weights with one scale per output
   channel. The vocabulary projection is int8 too (``projection.Int8Projection``, the decoder's
-  ``token_projection``), by whichever of two row-independent kernels measures faster on the running CPU. The encoder's linears, whose products have 1,500
+  ``token_projection``), by whichever of its row-independent kernels measures fastest on the
+  running CPU. The encoder's linears, whose products have 1,500
   rows, run in bfloat16 where the CPU has bfloat16 instructions (there they are both faster and
   more accurate than int8, and its attention runs in bfloat16 too where measured faster:
   encoder_attention.py) and as row-wise ``Int8Linear`` where it has not.
@@ -27,8 +28,9 @@ What both end up calling are PyTorch's own int8 kernels, which we call directly:
 ``torch._weight_int8pack_mm`` (int8 weights, bfloat16 activations, the kernel behind torchao's
 int8 weight-only path on CPUs) for the decoder's linears, and for the projection either that or
 oneDNN's prepacked ``onednn::qlinear_pointwise`` (the kernel Inductor lowers torchao's int8
-linears to on x86) with activations quantised per row, whichever the running CPU times faster
-(``Int8Projection.choose_kernel``). Both are exact integer (or row-independent)
+linears to on x86) or fbgemm's ``quantized::linear_dynamic`` given one row at a time, each with
+activations quantised per row, whichever the running CPU times faster
+(``Int8Projection.choose_kernel``). All are exact integer (or row-independent)
 arithmetic: a row's result does not depend on the other rows, so ``lossless`` stays lossless.
 
 Quantised models are cached beside the weights cache (``cache_dir()/compute``) as safetensors,
@@ -146,20 +148,24 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # a decoder step's rows cost a few dozen microseconds of products, so each call made here counts:
-        # no reshape or cast that would return its input (issue 46 item 4)
+        # no reshape or cast that would return its input (issue 46 item 4), and the buffers read from
+        # their dict, not through Module.__getattr__ (a one-row base pass calls this 36 times: 0.3-0.7 ms
+        # of a 9-12 ms pass on an AVX2 EPYC)
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        bias = self.bias  # None once applied
-        if (self.kernel == "weight_only" and rows.device.type == "cpu"
-                and (rows.shape[0] >= MANY_ROWS
-                     or (together() and rows.shape[0] >= many_rows_from(self.out_features, self.in_features)))):
+        buffers = self._buffers
+        bias = buffers["bias"]  # None once applied
+        if self.kernel == "weight_only" and rows.is_cpu and (
+                rows.shape[0] >= MANY_ROWS
+                or (together() and rows.shape[0] >= many_rows_from(self.out_features, self.in_features))):
             y = self._many_rows(rows)
         elif self.kernel == "weight_only":
             # the kernel wants rows with unit stride (a transposed input, as in a convolution block, has not)
             y = torch._weight_int8pack_mm(rows.to(torch.bfloat16, memory_format=torch.contiguous_format),
-                                          self.qweight, self._unit_scale())
+                                          buffers["qweight"], self._unit_scale())
             # the scale (and the bias) in float32, in one elementwise pass that reads the bfloat16 product:
             # widening bfloat16 is exact, so this is float(y) * scale + bias without the float32 copy
-            y, bias = (torch.mul(y, self.scale) if bias is None else torch.addcmul(bias, y, self.scale)), None
+            scale = buffers["scale"]
+            y, bias = (torch.mul(y, scale) if bias is None else torch.addcmul(bias, y, scale)), None
         elif self.kernel == "rowwise":
             y = self._int8_rows_product(rows)
         else:
@@ -212,7 +218,7 @@ class Int8Linear(nn.Module):
         # the per-channel scale is applied in float32 afterwards: as a bfloat16 factor inside the
         # kernel it would itself be rounded to 8 bits
         return self.prepared.get("unit", lambda: torch.ones(self.out_features, dtype=torch.bfloat16,
-                                                            device=self.qweight.device), self.qweight)
+                                                            device=self.qweight.device), self._buffers["qweight"])
 
     def _packed(self) -> Tensor:
         return self.prepared.get("packed", lambda: prepack(self.qweight), self.qweight)

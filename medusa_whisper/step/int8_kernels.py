@@ -8,7 +8,8 @@ No model and no options here: tensors in, tensors out.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict, Hashable, Tuple
+import warnings
+from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -107,3 +108,43 @@ def activation_range() -> Tuple[int, int]:
                                            1.0, 0, torch.float32, "none", [], "")
     exact = float(255 * 127 * n_in)
     return (127, 128) if bool((y == exact).all()) else (63, 64)
+
+
+def dynamic_prepack(qweight: Tensor, scale: Tensor) -> Optional[object]:
+    """fbgemm's packed form of int8 weights with one scale per row, for ``dynamic_int8_matmul``; None
+    where this PyTorch has no such product (not x86, or built without fbgemm, or its quantized
+    tensors, deprecated since 2.10, are gone)."""
+    try:
+        with warnings.catch_warnings():  # the deprecation of quantized tensors, which only carry the weights here
+            warnings.simplefilter("ignore")
+            weight = torch._make_per_channel_quantized_tensor(
+                qweight, scale.double(), torch.zeros(len(scale), dtype=torch.long, device=qweight.device), 0)
+            return torch.ops.quantized.linear_prepack(weight, None)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
+
+
+def dynamic_int8_matmul(rows: Tensor, packed: object) -> Tensor:
+    """rows @ (qweight * scale[:, None]).T for float32 rows (M, n_in) -> (M, n_out) float32, by fbgemm:
+    a row is quantised to uint8 between its own minimum and maximum, multiplied in exact integer
+    arithmetic and scaled back to float32.
+
+    fbgemm takes one range for all the rows it is given, so each row is given alone: a row's result
+    is the same whichever rows it is computed with. The range is 7 bits where the machine's product
+    would saturate at 8 (``dynamic_reduce_range``)."""
+    reduce = dynamic_reduce_range()
+    if rows.shape[0] == 1:
+        return torch.ops.quantized.linear_dynamic(rows, packed, reduce)
+    return torch.cat([torch.ops.quantized.linear_dynamic(rows[i:i + 1], packed, reduce) for i in range(rows.shape[0])])
+
+
+@functools.lru_cache(maxsize=1)
+def dynamic_reduce_range() -> bool:
+    """Whether ``dynamic_int8_matmul`` must quantise rows to 7 bits, not 8: as ``activation_range``
+    for oneDNN, fbgemm sums pairs of u8 x s8 products in saturating 16-bit arithmetic on CPUs without
+    VNNI (an AVX2 EPYC: the worst case below gives 4,112 for 8,128). Measured here, on that case."""
+    packed = dynamic_prepack(torch.full((8, 64), 127, dtype=torch.int8), torch.ones(8))
+    if packed is None:
+        return True
+    y = torch.ops.quantized.linear_dynamic(torch.ones(1, 64), packed, False)
+    return not bool((y == 127 * 64).all())

@@ -19,7 +19,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .int8_kernels import Prepared, prepack, quantize_rows, rowwise_int8_matmul
+from .int8_kernels import (Prepared, dynamic_int8_matmul, dynamic_prepack, prepack, quantize_rows,
+                           rowwise_int8_matmul)
 from .routes import WEIGHT_FIRST, median_micros, route_for, table as routes_table, weight_times_rows
 
 
@@ -93,13 +94,22 @@ class FloatProjection(Projection):
 class Int8Projection(Projection):
     """The embedding's rows in int8, one scale per row (int8 compute types); float32 logits.
 
-    Either kernel computes each row on its own, so verifying several rows at once gives each the
-    logits it gets alone: "rowwise" quantises the activations per row (oneDNN's u8s8 product),
-    "weight_only" multiplies bfloat16 activations by the int8 rows (``torch._weight_int8pack_mm``).
-    Which is faster differs by 4x either way between CPUs, so it is measured (``choose_kernel``).
+    Every kernel computes each row on its own, so verifying several rows at once gives each the
+    logits it gets alone:
+
+    - "rowwise" quantises the activations per row (oneDNN's u8s8 product);
+    - "dynamic" quantises them per row by fbgemm (``int8_kernels.dynamic_int8_matmul``);
+    - "weight_only" multiplies bfloat16 activations by the int8 rows (``torch._weight_int8pack_mm``;
+      its products are rounded to bfloat16).
+
+    Which is fastest differs by 2.5-4x between CPUs, so it is measured (``choose_kernel``): oneDNN's
+    is the fastest with VNNI and 4x slower than ``_weight_int8pack_mm`` on an AVX2 EPYC, where
+    fbgemm's is 2.5x faster than that. They round differently, not better or worse: base int8 on
+    the held-out corpus (120 utterances, greedy) scored 18.81 % WER with "dynamic" and 18.97 % with
+    "weight_only" on the 119 where neither ran into a repetition loop (docs/cpu_kinds.md).
     """
 
-    KERNELS = ("rowwise", "weight_only")
+    KERNELS = ("rowwise", "dynamic", "weight_only")
 
     def __init__(self, n_vocab: int, n_state: int, kernel: Optional[str] = None):
         super().__init__()
@@ -122,9 +132,8 @@ class Int8Projection(Projection):
         return selected
 
     def choose_kernel(self) -> str:
-        """The faster kernel on this CPU for this vocabulary, timed at 1 and 8 rows once per machine
-        (routes.py). oneDNN's u8s8 product is the faster on CPUs with VNNI, and 4x slower than
-        ``_weight_int8pack_mm`` on an AVX2 EPYC (17.2 against 4.2 ms for base's 51,865 rows)."""
+        """The fastest kernel on this CPU for this vocabulary ("dynamic" where fbgemm runs), timed at
+        1 and 8 rows once per machine (routes.py); "weight_only" on other devices."""
         if self.kernel is None:
             if self.qweight.device.type != "cpu":
                 self.kernel = "weight_only"
@@ -138,21 +147,33 @@ class Int8Projection(Projection):
                         one, eight = torch.randn(1, n_state), torch.randn(8, n_state)
                         return median_micros(lambda: trial(one)) + median_micros(lambda: trial(eight))
                     return run
-                self.kernel = routes_table().choose_kernel(
-                    f"int8 projection {n_vocab}x{n_state}", {k: timer(k) for k in self.KERNELS})
+                kernels = [k for k in self.KERNELS if k != "dynamic" or self._dynamic() is not None]
+                self.kernel = routes_table().choose_kernel(f"int8 projection {n_vocab}x{n_state}",
+                                                           {k: timer(k) for k in kernels})
         return self.kernel
 
     def prepare(self) -> None:
-        if self.choose_kernel() == "rowwise":
+        kernel = self.choose_kernel()
+        if kernel == "rowwise":
             self._packed()
+        elif kernel == "dynamic":
+            self._dynamic()
 
     def _packed(self) -> Tensor:
         return self.prepared.get("packed", lambda: prepack(self.qweight), self.qweight)
 
+    def _dynamic(self):
+        """fbgemm's packed weights, or None where this PyTorch has none."""
+        return self.prepared.get("dynamic", lambda: dynamic_prepack(self.qweight, self.scale), self.qweight,
+                                 self.scale)
+
     def forward(self, states: Tensor) -> Tensor:
         shape = states.shape
         rows = states.reshape(-1, shape[-1])
-        if self.choose_kernel() == "weight_only":
+        kernel = self.choose_kernel()
+        if kernel == "dynamic":
+            y = dynamic_int8_matmul(rows.float().contiguous(), self._dynamic())
+        elif kernel == "weight_only":
             # the scale is applied in float32 afterwards, as in Int8Linear
             unit = self.prepared.get("unit", lambda: torch.ones(self.qweight.shape[0], dtype=torch.bfloat16,
                                                                 device=self.qweight.device), self.qweight)

@@ -192,10 +192,11 @@ class RouteTable:
         the operation called ``name``, timed once per machine like the routes. For choices that must
         hold for every row count (an int8 kernel decides a row's bits, and lossless decoding needs a
         row to get the same bits in any pass). Timed again by a later process when the machine
-        looked busy (``Preemptions``). A timer makes its random inputs when it is called, not before:
+        looked busy (``Preemptions``), and when the candidates are not those timed (a kernel added
+        to the choice, or one that does not run here). A timer makes its random inputs when it is called, not before:
         called here, it draws from the measurement's own random state (``_own_random_state``)."""
         entry = self.choices.get(name)
-        if entry is None or entry.get("route") not in candidates or self._timed_again(name, entry):
+        if entry is None or set(entry.get("us", ())) != set(candidates) or self._timed_again(name, entry):
             entry = self._timed(name, lambda: {kernel: timer() for kernel, timer in candidates.items()})
         return entry["route"]
 
