@@ -103,8 +103,9 @@ class Int8Projection(Projection):
       its products are rounded to bfloat16).
 
     Which is fastest differs by 2.5-4x between CPUs, so it is measured (``choose_kernel``): oneDNN's
-    is the fastest with VNNI and 4x slower than ``_weight_int8pack_mm`` on an AVX2 EPYC, where
-    fbgemm's is 2.5x faster than that. They round differently, not better or worse: base int8 on
+    is the fastest with VNNI and 3-4x slower than ``_weight_int8pack_mm`` on an AVX2 EPYC, where
+    fbgemm's is 1.6-2.9x faster than that at one row (base's 51,865 rows: 1.52 against 2.42 ms read
+    from memory, 0.83 against 2.1-2.45 cached). They round differently, not better or worse: base int8 on
     the held-out corpus (120 utterances, greedy) scored 18.81 % WER with "dynamic" and 18.97 % with
     "weight_only" on the 119 where neither ran into a repetition loop (docs/cpu_kinds.md).
     """

@@ -21,6 +21,7 @@ COMMANDS = {
     "eagle": Command("tools.bench.eagle_first_token", "where an EAGLE head's first drafted token goes wrong"),
     "eagle-chain": Command("tools.bench.eagle_chain", "a token's cost at each EAGLE chain length here, and the one chosen"),
     "ray": Command("tools.bench.ray_workers", "transcribe --ray against one process"),
+    "vocab-kernels": Command("tools.bench.vocab_kernels", "the int8 vocabulary's kernels here: ms, and held-out WER each"),
     "rows": Command("tools.bench.matmul_rows", "x @ W.T or W @ x.T for a decoder step's few rows on this CPU"),
     "static-step": Command("tools.bench.static_step", "a static-shape decoder step, eager and compiled"),
     "gpu": Command("tools.bench.gpu", "issue 34 on a CUDA machine: every system, one pass profiled, capture times"),

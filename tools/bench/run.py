@@ -29,6 +29,7 @@ process that imports only that system, loads it and transcribes the longest clip
 
     python -m tools.bench run           # base, 2 clips per length, 10 real, 2 rounds, memory (about 12 min on 2 cores)
     python -m tools.bench run --quick   # 1 clip per length, 1 round, 1 real clip, no memory (about 2.5 min)
+    python -m tools.bench run --compute-types int8 --no-memory --only "medusa_whisper off int8"   # one row and the baseline
 """
 
 from __future__ import annotations
@@ -550,6 +551,9 @@ def main() -> None:
     parser.add_argument("--drafter", action="append", default=[], metavar="NAME[@TYPE]",
                         help="also a lossless draft-model row per compute type with this draft (repeatable); "
                              "@TYPE fixes the draft's compute type, e.g. base@int8")
+    parser.add_argument("--only", default=None, metavar="NAMES",
+                        help="measure only these rows (comma-separated, as the table names them) beside "
+                             f"{VANILLA!r}, which every ratio needs")
     parser.add_argument("--out", type=Path, default=ROOT / "bench_out")
     parser.add_argument("--setup-only", action="store_true",
                         help="only get what the bench needs (held-out corpus, real recordings) and stop")
@@ -579,6 +583,12 @@ def main() -> None:
     compute_types = (args.compute_types.split(",") if args.compute_types else
                      ["float32", "int8", "bfloat16"] if args.device == "cpu" else ["float32", "float16"])
     systems = build_systems(args.model, args.device, args.threads, compute_types, args.drafter)
+    if args.only:
+        wanted = {name.strip() for name in args.only.split(",")}
+        unknown = wanted - {s.name for s in systems}
+        if unknown:
+            sys.exit(f"bench: error: --only: no row named {', '.join(sorted(unknown))}")
+        systems = [s for s in systems if s.name == VANILLA or s.name in wanted]
     measure(systems, clips, rounds)
     rows = summarize(systems, clips, rounds)
     if not (args.quick or args.no_memory):
