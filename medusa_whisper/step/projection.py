@@ -14,7 +14,7 @@ Differs from whisper (``x @ token_embedding.weight.T``): see ``FloatProjection``
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from torch import Tensor, nn
@@ -148,10 +148,13 @@ class Int8Projection(Projection):
                         one, eight = torch.randn(1, n_state), torch.randn(8, n_state)
                         return median_micros(lambda: trial(one)) + median_micros(lambda: trial(eight))
                     return run
-                kernels = [k for k in self.KERNELS if k != "dynamic" or self._dynamic() is not None]
                 self.kernel = routes_table().choose_kernel(f"int8 projection {n_vocab}x{n_state}",
-                                                           {k: timer(k) for k in kernels})
+                                                           {k: timer(k) for k in self.kernels_here()})
         return self.kernel
+
+    def kernels_here(self) -> List[str]:
+        """The KERNELS this PyTorch runs ("dynamic" needs fbgemm)."""
+        return [k for k in self.KERNELS if k != "dynamic" or self._dynamic() is not None]
 
     def prepare(self) -> None:
         kernel = self.choose_kernel()

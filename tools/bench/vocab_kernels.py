@@ -29,7 +29,6 @@ from tqdm import tqdm
 import medusa_whisper
 from medusa_whisper.audio.files import load_audio
 from medusa_whisper.evaluation import corpus_scores, normalizer
-from medusa_whisper.step.int8_kernels import dynamic_prepack
 from medusa_whisper.step.projection import Int8Projection
 from medusa_whisper.step.routes import isa_features, machine_id
 from tools import ROOT
@@ -37,9 +36,9 @@ from tools import ROOT
 HELDOUT = ROOT / "data" / "corpus" / "heldout.csv"
 
 
-def kernels_here(projection: Int8Projection) -> List[str]:
-    return [k for k in Int8Projection.KERNELS
-            if k != "dynamic" or dynamic_prepack(projection.qweight[:8], projection.scale[:8]) is not None]
+def looping(reference: str, hypothesis: str) -> bool:
+    """A repetition loop: more than twice the reference's words."""
+    return len(hypothesis.split()) > 2 * max(len(reference.split()), 1)
 
 
 def time_kernels(projection: Int8Projection, kernels: List[str], reps: int) -> Dict[str, Dict[str, float]]:
@@ -96,24 +95,22 @@ def main() -> None:
     model = medusa_whisper.load_model(args.model, device="cpu", compute_type="int8")
     projection = model.decoder.token_projection
     chosen = projection.choose_kernel()
-    kernels = kernels_here(projection)
+    kernels = projection.kernels_here()
     timing = time_kernels(projection, kernels, args.reps)
     texts = decode_all(model, projection, kernels, rows)
     norm = normalizer("en")
     references = [norm(r["sentence"]) for r in rows]
-    looping = {i for k in kernels for i, (ref, hyp) in enumerate(zip(references, texts[k]))
-               if len(hyp.split()) > 2 * max(len(ref.split()), 1)}
-    kept = [i for i in range(len(rows)) if i not in looping]
+    loops = {i for k in kernels for i, (ref, hyp) in enumerate(zip(references, texts[k])) if looping(ref, hyp)}
+    kept = [i for i in range(len(rows)) if i not in loops]
     results = {}
     for k in kernels:
         results[k] = dict(timing[k], wer=round(corpus_scores(references, texts[k])["wer"] * 100, 2),
                           wer_without_loops=round(corpus_scores([references[i] for i in kept],
                                                                 [texts[k][i] for i in kept])["wer"] * 100, 2),
-                          loops=sum(len(texts[k][i].split()) > 2 * max(len(references[i].split()), 1)
-                                    for i in range(len(rows))),
+                          loops=sum(map(looping, references, texts[k])),
                           same_text_as_chosen=sum(a == b for a, b in zip(texts[k], texts[chosen])))
     info = dict(model=args.model, threads=args.threads, utterances=len(rows), chosen=chosen, machine=f"{machine_id()['cpu']} ({isa_features()})",
-                torch=torch.__version__, looping_utterances=sorted(looping))
+                torch=torch.__version__, looping_utterances=sorted(loops))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(dict(info=info, kernels=results), indent=1))
     lines = [f"{args.model} int8, {args.threads} threads, {info['machine']}, torch {torch.__version__}; "
