@@ -27,7 +27,7 @@ from .errors import MedusaWhisperError
 from .transcription.outputs import OUTPUT_FORMATS, WRITER_OPTIONS, formats, output_record  # noqa: F401 (output_record: API)
 
 PROG = "medusa-whisper"
-COMMANDS = ("transcribe", "convert", "export-ggml", "eval", "train", "models")
+COMMANDS = ("transcribe", "convert", "export-ggml", "eval", "train", "models", "tune")
 
 
 class _Unset:
@@ -179,10 +179,11 @@ def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_compute_type_arguments(parser: argparse.ArgumentParser) -> None:
     from .step.compute import COMPUTE_TYPES
 
-    parser.add_argument("--compute-type", choices=COMPUTE_TYPES, default="float32",
-                        help="float32; int8 (int8 weights, CPU); bfloat16; on CUDA also float16, int8_float16. "
-                             "lossless stays lossless: equal to greedy decoding at the same compute type "
-                             "(default: float32)")
+    parser.add_argument("--compute-type", choices=("auto",) + COMPUTE_TYPES, default="float32",
+                        help="float32; int8 (int8 weights, CPU); bfloat16; on CUDA also float16, int8_float16; "
+                             "auto: the one that decodes a real window fastest on this machine (timed once, "
+                             "`medusa-whisper tune`). lossless stays lossless: equal to greedy decoding at the "
+                             "same compute type (default: float32)")
     parser.add_argument("--draft-compute-type", choices=COMPUTE_TYPES, default=None,
                         help="compute type of the --draft model (default: --compute-type)")
 
@@ -227,8 +228,9 @@ def _add_transcribe_parser(commands) -> None:
                  "pay here; measured once per machine), else 1 (one file after another)")
     _option(t, "--vad-chunks", action="store_true",
             help="long recordings, fast: cut each file's speech into chunks of at most 30 s (Silero VAD; pip install "
-                 "'medusa-whisper[vad]') and decode --batch-size of them side by side (default 8), each without the "
-                 "previous text, as faster-whisper's batched pipeline does: not whisper's text")
+                 "'medusa-whisper[vad]') and decode --batch-size of them side by side (default: the width measured "
+                 "cheapest per token on this machine), each without the previous text, as faster-whisper's batched "
+                 "pipeline does: not whisper's text")
     _option(t, "--vad-filter", action="store_true",
             help="leave out silences of 2 s or more (Silero VAD; pip install 'medusa-whisper[vad]') and transcribe the "
                  "rest window after window as whisper does, times on the recording's clock (faster-whisper's vad_filter)")
@@ -347,6 +349,19 @@ def build_parser() -> argparse.ArgumentParser:
     m = commands.add_parser("models", help="list known models and whether they are present",
                             description="List the model names --model accepts.")
     m.set_defaults(run=_models)
+
+    u = commands.add_parser("tune", help="time this machine's choices again and print them",
+                            description="Time again, on the timing clip the package carries, what this machine "
+                                        "chose for a model: the compute type that --compute-type auto takes, the "
+                                        "int8 encoder's form and the batch width for several files; then print "
+                                        "what was measured and chosen (kept per machine, torch and thread count).")
+    u.add_argument("--model", default=None, metavar="NAME|PATH", help="default: medusa_whisper.DEFAULT_MODEL")
+    u.add_argument("--device", type=_device, default=None, help="cpu, cuda, ... (default: cuda when available)")
+    u.add_argument("--threads", type=_threads, default=0, metavar="N", help="CPU threads for torch (0: torch's choice)")
+    _option(u, "--model-dir", default=None, metavar="DIR", help="folder of openai-whisper checkpoints")
+    u.add_argument("--kernels", action="store_true",
+                   help="time every kernel choice again too (the products' routes and kernels)")
+    u.set_defaults(run=_tune)
     return parser
 
 
@@ -497,6 +512,8 @@ def _transcribe(args: argparse.Namespace) -> int:
     model = medusa_whisper.load_model(args.model or medusa_whisper.DEFAULT_MODEL, device=args.device,
                                       draft=args.draft, download_root=args.model_dir,
                                       **_compute_types(args))
+    if args.compute_type == "auto" and args.verbose is True:
+        _note(f"--compute-type auto: {_auto_choice(model)}")
     if not model.is_multilingual and args.language not in (None, "en"):
         _note(f"the model is English-only; transcribing as English, not {args.language!r}")
         args.language = "en"
@@ -505,6 +522,18 @@ def _transcribe(args: argparse.Namespace) -> int:
     if many:
         _write(f"{PROG}: {summary.line()}", sys.stderr)
     return 1 if summary.failed else 0
+
+
+def _auto_choice(model) -> str:
+    """What --compute-type auto took and what it chose from, e.g. "int8 (this machine's timing of a
+    30-s window: float32 3.10 s, int8 2.21 s)"."""
+    from .step.compute import compute_type_of
+
+    costs = getattr(model, "compute_type_costs", {})
+    timed = ", ".join(f"{t} {us / 1e6:.2f} s" for t, us in costs.items())
+    form = f", encoder {model.encoder_form}" if hasattr(model, "encoder_form") else ""
+    chosen = compute_type_of(model)
+    return f"{chosen}{form} (this machine's timing of a window: {timed})" if timed else chosen
 
 
 def _looks_like_address(text: str) -> bool:
@@ -652,6 +681,8 @@ INT8_FILES_BATCH = 8
 
 
 def files_batch(args: argparse.Namespace, n_files: int, model=None) -> int:
+    from .step.compute import compute_type_of
+
     """How many files' windows share a pass: --batch-size; else, for several files at int8 (where a
     batched file's outputs are byte-identical to its own), the size ``batches.default_batch_size``
     measures on this machine for ``model`` (INT8_FILES_BATCH without a model); else 1. float32
@@ -659,12 +690,35 @@ def files_batch(args: argparse.Namespace, n_files: int, model=None) -> int:
     the file alone in a logit's last bits."""
     if args.batch_size is not None:
         return args.batch_size
-    if n_files <= 1 or args.compute_type != "int8":
+    compute_type = args.compute_type if model is None else compute_type_of(model)
+    if n_files <= 1 or compute_type != "int8":
         return 1
     if model is None:
         return INT8_FILES_BATCH
     from .decoding.batches import default_batch_size
     return default_batch_size(model)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    import torch
+
+    import medusa_whisper
+    from . import tuning
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        _error("--device cuda: CUDA is not available on this machine")
+        return 1
+    name = args.model or medusa_whisper.DEFAULT_MODEL
+
+    def load_at(compute_type: str):
+        return medusa_whisper.load_model(name, device=device, download_root=args.model_dir, compute_type=compute_type)
+    _, lines = tuning.tune(name, device, load_at, kernels=args.kernels)
+    for line in lines:
+        _write(line, sys.stdout)
+    return 0
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -30,9 +30,10 @@ LAYERS: Tuple[Layer, ...] = (
     Layer("options", "what a decoding is asked to do (whisper's DecodingOptions and speculation's): plain data, "
                      "read by the decoding loop, the proposers' factory, the command line and evaluation",
           ("medusa_whisper.options",)),
-    Layer("audio", "audio/: reading audio files, the streamed mel front end, voice activity: no model, no options",
+    Layer("audio", "audio/: reading audio files, the streamed mel front end, voice activity, the clip the package "
+                   "times itself on: no model, no options",
           ("medusa_whisper.audio", "medusa_whisper.audio.sniff", "medusa_whisper.audio.files",
-           "medusa_whisper.audio.mel", "medusa_whisper.audio.vad")),
+           "medusa_whisper.audio.mel", "medusa_whisper.audio.vad", "medusa_whisper.audio.timing_clip")),
     Layer("kernels", "step/, its tensor-level pieces: measured linear routes, int8 arithmetic, row-invariant "
                      "attention and masks, the encoder's bfloat16 attention, the static cache, the vocabulary "
                      "projection modules, rows together or alone: no model, no I/O beyond the route timings' cache file",
@@ -47,8 +48,9 @@ LAYERS: Tuple[Layer, ...] = (
            "medusa_whisper.drafting.tree_layout", "medusa_whisper.drafting.device",
            "medusa_whisper.drafting.device.base")),
     Layer("compute types", "step/compute: int8/bfloat16 layers and the load-time surgery that swaps them in (the "
-                           "linears, and the decoder's projection for its compute type)",
-          ("medusa_whisper.step.compute",)),
+                           "linears, and the decoder's projection for its compute type); step/encoder_form: the int8 "
+                           "encoder's form, timed on a window (the conversion handed in by compute)",
+          ("medusa_whisper.step.encoder_form", "medusa_whisper.step.compute")),
     Layer("step", "step/: the one decoder step (fixed.FixedStep) over dense products (what CUDA graphs replay) "
                   "or the CPU's (cpu.CpuProducts), and a draft head's block on either (fixed.DraftBlock); drafting/heads: the Medusa "
                   "head modules",
@@ -88,9 +90,12 @@ LAYERS: Tuple[Layer, ...] = (
                          "to check conversions",
           ("medusa_whisper.checkpoints", "medusa_whisper.checkpoints.ctranslate2", "medusa_whisper.checkpoints.hf",
            "medusa_whisper.checkpoints.weights")),
-    Layer("loading", "a ready model from a name or path (heads, draft heads, compute type); checkpoints' convert "
-                     "writes any source as a whisper .pt, ggml a model as whisper.cpp's file",
-          ("medusa_whisper.loading", "medusa_whisper.checkpoints.convert", "medusa_whisper.checkpoints.ggml")),
+    Layer("loading", "a ready model from a name or path (heads, draft heads, compute type); tuning: the choices "
+                     "timed on a job (auto's compute type, float32's routes), which loading calls and which load "
+                     "models through the loader handed in; checkpoints' convert writes any source as a whisper .pt, "
+                     "ggml a model as whisper.cpp's file",
+          ("medusa_whisper.tuning", "medusa_whisper.loading", "medusa_whisper.checkpoints.convert",
+           "medusa_whisper.checkpoints.ggml")),
     Layer("facade", "the whisper-compatible top-level names (import medusa_whisper as whisper)",
           ("medusa_whisper",)),
     Layer("applications", "archive/: many files, Ray; WER evaluation: users of the facade",

@@ -154,12 +154,23 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
     draft         : a draft model (name, path or model) for draft-model speculative decoding; it then
                     proposes the candidates instead of the heads. Kept as ``model.draft_model``.
     compute_type  : "float32", "int8", "bfloat16" (CUDA: also "float16", "int8_float16"), see
-                    compute.py; converted once at load, and cached for the next load
+                    compute.py; converted once at load, and cached for the next load. "auto": the one
+                    that decodes a real window fastest on this machine (tuning.py; timed once)
     draft_compute_type : the draft's compute type (default: ``compute_type``); a named draft only
     """
     del in_memory  # torch.load reads the whole file either way
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if compute_type == "auto":
+        from . import tuning
+
+        def load_at(chosen: str) -> MedusaWhisper:
+            return load_model(name_or_path, device, download_root, medusa=medusa, compute_type=chosen)
+        fastest = tuning.fastest(os.fspath(name_or_path), torch.device(device), load_at)
+        if draft is None:
+            return fastest
+        return load_model(name_or_path, device, download_root, medusa=medusa, draft=draft,
+                          compute_type=compute.compute_type_of(fastest), draft_compute_type=draft_compute_type)
     compute.check_compute_type(compute_type, device)
     if draft is not None:
         model = load_model(name_or_path, device, download_root, medusa=medusa, compute_type=compute_type)
@@ -192,7 +203,10 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
         except RuntimeError:  # a checkpoint whose name says large-v2 but whose shape does not
             pass
     model = model.to(device).eval()
-    if compute_type != "float32":
+    if compute_type == "float32":
+        from .tuning import float32_routes
+        float32_routes(model)  # the products' routes as measured, or whisper's: timed on a job once
+    else:
         compute.apply_compute_type(model, compute_type, device)
         if converted_path is not None:
             try:

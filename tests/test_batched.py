@@ -198,8 +198,9 @@ def test_the_timed_job_decodes_every_window_to_its_length(monkeypatch):
         counted.setdefault(1, []).append(len(result.tokens))
         return result
 
-    def decode_windows(model, windows, batch):
-        for key, result in real_windows(model, windows, batch):
+    def decode_windows(model, windows, batch, narrow=True):
+        assert not narrow  # the job holds its width: it is what the loop's own check compares with
+        for key, result in real_windows(model, windows, batch, narrow):
             counted.setdefault(batch, []).append(len(result.tokens))
             yield key, result
     monkeypatch.setattr(batches, "decode", decode)
@@ -222,3 +223,55 @@ def test_the_default_follows_the_job_where_the_steady_pass_disagrees(monkeypatch
     model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
     monkeypatch.setattr(routes.table(), "costs", lambda name, measure: {str(k): v for k, v in job.items()})
     assert batches.default_batch_size(model) == 1
+
+
+def test_the_loop_narrows_where_its_own_cost_a_token_is_above_decoding_alone():
+    from medusa_whisper.decoding.batches import NARROW_AFTER, Narrowing
+
+    narrowing = Narrowing(8, alone_us=100.0)
+    widths = []
+    for _ in range(2 * 8):  # a stretch at 8: 10 tokens a window at 300 us each, 3x decoding alone
+        narrowing.spent(10 * 300e-6)
+        widths.append(narrowing.window_done(10))
+    assert widths == [8] * 15 + [4] and narrowing.checked == [(8, 300.0)]
+    for _ in range(NARROW_AFTER):  # at 4 a token costs 50 us: kept, and checked again
+        narrowing.spent(10 * 50e-6)
+        narrowing.window_done(10)
+    assert narrowing.width == 4 and narrowing.checked[-1] == (4, 50.0)
+    assert Narrowing(8, alone_us=None).window_done(1) == 8  # nothing to hold it to: never narrows
+    one = Narrowing(1, alone_us=1e-9)
+    one.spent(1.0)
+    assert one.window_done(1) == 1
+
+
+def test_an_int8_batch_that_narrows_mid_run_still_equals_each_window_alone(mels, monkeypatch):
+    """Held to an impossible cost, the loop halves its width every stretch down to 1; at int8 a
+    window's result does not depend on its company, so every window still equals its decoding alone."""
+    from medusa_whisper.decoding import batches
+
+    model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    monkeypatch.setattr(batches, "narrows", lambda model, products: 1e-9)
+    monkeypatch.setattr(batches, "NARROW_AFTER", 2)
+    windows = [(i, mels[i % len(mels)], MedusaDecodingOptions(mode="off", fp16=False, language="en"))
+               for i in range(12)]
+    decoder = batches.BatchDecoder(model, batch_size=4)
+    queue, together = list(windows), {}
+    decoder.run(lambda: queue.pop(0) if queue else None, together.__setitem__)
+    assert [width for width, _ in decoder.narrowing.checked] == [4, 2] and decoder.narrowing.width == 1
+    for key, mel, options in windows:
+        alone = decode(model, mel, options)
+        assert together[key].tokens == alone.tokens and together[key].avg_logprob == alone.avg_logprob, key
+
+
+def test_only_a_batch_whose_results_do_not_depend_on_its_width_narrows(monkeypatch):
+    from medusa_whisper.decoding import batches
+    from medusa_whisper.step import routes
+
+    table = routes.RouteTable(None)
+    monkeypatch.setattr(batches, "routes_table", lambda: table)
+    int8 = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    float32 = medusa_whisper.load_model("tiny.en", device="cpu")
+    assert batches.narrows(int8, "cpu") is None  # no job timed here: nothing to hold it to
+    table.choices[batches.batch_job_name(int8)] = {"route": "4", "us": {"1": 900.0, "4": 500.0}}
+    assert batches.narrows(int8, "cpu") == 900.0
+    assert batches.narrows(int8, "fixed") is None and batches.narrows(float32, "cpu") is None

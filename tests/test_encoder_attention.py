@@ -45,7 +45,7 @@ def test_whispers_own_where_it_wants_the_weights_or_gives_a_mask():
 
 @pytest.mark.parametrize("chosen", [torch.bfloat16, torch.float32])
 def test_a_converted_encoder_attends_as_chosen_and_nothing_else_changes(monkeypatch, chosen):
-    monkeypatch.setattr(compute, "cpu_has_bfloat16", lambda: True)
+    monkeypatch.setattr(compute, "int8_encoder_form", lambda dims: "bfloat16")
     monkeypatch.setattr(compute, "attention_dtype", lambda *shape: chosen)
     model = apply_compute_type(random_model(MedusaConfig(num_heads=1)), "int8")
     encoder_modules = [m for m in model.encoder.modules() if isinstance(m, MultiHeadAttention)]
@@ -63,12 +63,13 @@ def test_a_converted_encoder_attends_as_chosen_and_nothing_else_changes(monkeypa
     assert (set_as_chosen - whispers).norm() / whispers.norm() < 0.02
 
 
-def test_a_float32_model_and_a_cpu_without_native_bfloat16_keep_whispers_attention(monkeypatch):
+@pytest.mark.parametrize("form", ["int8 rows", "float32"])
+def test_a_float32_model_and_an_encoder_not_in_bfloat16_keep_whispers_attention(monkeypatch, form):
     monkeypatch.setattr(compute, "attention_dtype", lambda *shape: pytest.fail("no choice to make"))
-    monkeypatch.setattr(compute, "cpu_has_bfloat16", lambda: False)
-    model = apply_compute_type(random_model(MedusaConfig(num_heads=1)), "int8")  # row-wise int8 encoder
+    monkeypatch.setattr(compute, "int8_encoder_form", lambda dims: form)
+    model = apply_compute_type(random_model(MedusaConfig(num_heads=1)), "int8")
+    assert model.encoder_form == form
     assert not any("qkv_attention" in m.__dict__ for m in model.modules())
-    monkeypatch.setattr(compute, "cpu_has_bfloat16", lambda: True)
     model = apply_compute_type(random_model(MedusaConfig(num_heads=1)), "float32")
     assert not any("qkv_attention" in m.__dict__ for m in model.modules())
 
@@ -90,7 +91,7 @@ def test_a_model_attending_in_bfloat16_copies_and_pickles(monkeypatch):
     import copy
     import pickle
 
-    monkeypatch.setattr(compute, "cpu_has_bfloat16", lambda: True)
+    monkeypatch.setattr(compute, "int8_encoder_form", lambda dims: "bfloat16")
     monkeypatch.setattr(compute, "attention_dtype", lambda *shape: torch.bfloat16)
     model = apply_compute_type(random_model(MedusaConfig(num_heads=1)), "int8")
     mel = torch.randn(1, model.dims.n_mels, 2 * model.dims.n_audio_ctx)

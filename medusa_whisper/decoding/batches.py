@@ -30,6 +30,7 @@ measured on the running machine (``default_batch_size``).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -51,8 +52,10 @@ from ..drafting.base import ProposerStats
 from .loop import Generation
 from .rules import DeviceRules, RuleSettings
 from ..options import MedusaDecodingOptions, as_medusa_options
-from ..step.routes import table as routes_table
+from ..step.routes import announce, table as routes_table
 from ..step.together import rows_together
+
+log = logging.getLogger(__name__)
 
 
 def batchable(options: MedusaDecodingOptions) -> bool:
@@ -94,11 +97,13 @@ def replace_mode(options: MedusaDecodingOptions) -> MedusaDecodingOptions:
 
 
 def refill(streams: List[Optional[_Stream]], source: Callable[[], Optional[tuple]],
-           start: Callable[..., Optional[_Stream]], sink: Callable[[object, MedusaDecodingResult], None]) -> None:
-    """Give every free item (None in ``streams``) the next window from ``source`` while there is one:
-    ``start(item, *request)`` opens it there (None: it was decoded some other way and handed to the
-    sink already); a window that ended on its prompt pass goes to the sink at once."""
-    for item in range(len(streams)):
+           start: Callable[..., Optional[_Stream]], sink: Callable[[object, MedusaDecodingResult], None],
+           width: Optional[int] = None) -> None:
+    """Give every free item (None in ``streams``) below ``width`` (default: all) the next window from
+    ``source`` while there is one: ``start(item, *request)`` opens it there (None: it was decoded some
+    other way and handed to the sink already); a window that ended on its prompt pass goes to the
+    sink at once."""
+    for item in range(len(streams) if width is None else min(width, len(streams))):
         while streams[item] is None:
             request = source()
             if request is None:
@@ -141,6 +146,12 @@ NEAR_BEST = 1.05  # of the sizes whose token costs at most this much over the ch
 GAIN = 1.10  # and only where a token then costs at least this much less than decoded alone
 
 
+def batch_job_name(model: Whisper, sizes: Sequence[int] = BATCH_SIZES) -> str:
+    dims = model.dims
+    return (f"{batch_job_prefix()}{compute_type_of(model)} {dims.n_text_layer}x{dims.n_text_state} "
+            f"vocab {dims.n_vocab} sizes {','.join(map(str, sizes))}")
+
+
 def token_costs(model: Whisper, sizes: Sequence[int] = BATCH_SIZES) -> Dict[int, float]:
     """Microseconds per token of a whole job of windows at each batch size, as ``transcribe_many``
     runs it: at 1, each window decoded alone by ``decode`` (what ``--batch-size 1`` runs); above,
@@ -151,14 +162,19 @@ def token_costs(model: Whisper, sizes: Sequence[int] = BATCH_SIZES) -> Dict[int,
     A steady batched pass does not predict this: on an AVX2 EPYC it made a token 2.6x cheaper at 16
     than at 1 (7.2 against 18.5 ms), yet 45 short files took 70.3 s at 16 and 63.0 s one by one.
     The encoder is left out: every window runs it alone on either path."""
-    dims = model.dims
-    name = (f"batched job {compute_type_of(model)} {dims.n_text_layer}x{dims.n_text_state} "
-            f"vocab {dims.n_vocab} sizes {','.join(map(str, sizes))}")
+    name = batch_job_name(model, sizes)
 
     @torch.no_grad()
     def measure() -> Dict[str, float]:
+        began = time.perf_counter()
+        announce(f"timing windows side by side at {', '.join(map(str, sizes))} ({compute_type_of(model)}) on this "
+                 f"machine, once")
         _job(model, 2, 2)  # a warm-up: the first passes allocate and choose kernels
-        return {str(b): _job(model, b, max(3, b + b // 2)) for b in sizes}
+        costs = {str(b): _job(model, b, max(3, b + b // 2)) for b in sizes}
+        announce(f"batch width timed in {time.perf_counter() - began:.0f} s: "
+                 f"{', '.join(f'{b}: {us / 1e3:.1f} ms' for b, us in costs.items())} a token "
+                 f"-> {choose_batch_size({int(b): us for b, us in costs.items()})}")
+        return costs
     return {int(k): v for k, v in routes_table().costs(name, measure).items()}
 
 
@@ -177,7 +193,8 @@ def _job(model: Whisper, batch: int, n_windows: int) -> float:
     if batch == 1:
         tokens = sum(len(decode(model, mel, options).tokens) for _, mel, options in windows)
     else:
-        tokens = sum(len(result.tokens) for _, result in decode_windows(model, windows, batch))
+        # the width held: this job is what the loop's own check compares with
+        tokens = sum(len(result.tokens) for _, result in decode_windows(model, windows, batch, narrow=False))
     return (time.perf_counter() - began) * 1e6 / max(tokens, 1)
 
 
@@ -189,16 +206,27 @@ def default_batch_size(model: Whisper, sizes: Optional[Sequence[int]] = None) ->
     return choose_batch_size(token_costs(model, sizes or BATCH_SIZES))
 
 
+def batch_job_prefix() -> str:
+    """How the batch-size choices' names begin in the routes table."""
+    return "batched job "
+
+
 def measured_choices() -> List[str]:
     """What this machine measured and chose, for a bench to print: the kernel routes and kernels
-    (routes.py) and, for each model measured batched, the default batch size and its token costs."""
-    table = routes_table()
-    lines = table.describe()
-    for name, entry in sorted(table.choices.items()):
-        if name.startswith("batched job "):
+    (routes.py) and, for each model measured batched, the default batch size."""
+    return routes_table().describe() + measured_batch_sizes()
+
+
+def measured_batch_sizes() -> List[str]:
+    """For each model measured batched here: the default batch size and the token costs it came from."""
+    lines = []
+    prefix = batch_job_prefix()
+    for name, entry in sorted(routes_table().choices.items()):
+        if name.startswith(prefix):
             costs = {int(k): v for k, v in entry["us"].items()}
-            lines.append(f"  default --batch-size for several files ({name[len('batched job '):]}): "
-                         f"{choose_batch_size(costs)}")
+            timed = ", ".join(f"{size}: {us / 1e3:.1f} ms" for size, us in sorted(costs.items()))
+            lines.append(f"  default --batch-size for several files ({name[len(prefix):]}): {timed} a token "
+                         f"-> {choose_batch_size(costs)}")
     return lines
 
 
@@ -206,6 +234,63 @@ def choose_batch_size(costs: Dict[int, float]) -> int:
     best = min(costs.values())
     size = min(b for b, cost in costs.items() if cost <= NEAR_BEST * best)
     return size if size > 1 and costs[size] * GAIN <= costs[1] else 1
+
+
+# windows a width decodes (at least this many, and twice the width) before its cost is checked
+NARROW_AFTER = 8
+
+
+class Narrowing:
+    """The batch loop's own check that a wider pass pays, while it runs.
+
+    The batch width is chosen from a short job timed once (``token_costs``), and a job is not every
+    archive: on an Intel Xeon with AVX-512 BF16 and no AMX the job made a token 2x cheaper at 16
+    than at 1 (5.5 against 10.9 ms), yet 45 short files took 44.5 s at 16 and 41.8 s one at a
+    time. So the loop times its own work (its passes, and each window's opening less its encoder:
+    what decoding the window alone would also cost, ``spent``) and the tokens its windows gave;
+    after NARROW_AFTER windows (and twice the width) it compares that cost a token with what
+    decoding alone cost here (``alone_us``, the same job's width 1) and halves the width where the
+    batch costs more. It checks again after every such stretch; it never widens. Only where a
+    window's result does not depend on its company (int8 on the CPU: ``narrows``), so the
+    width it ends at changes no output.
+    """
+
+    def __init__(self, width: int, alone_us: Optional[float]):
+        self.width, self.alone_us = width, alone_us
+        self.checked: List[Tuple[int, float]] = []  # (width, microseconds a token) of each stretch
+        self._reset()
+
+    def _reset(self) -> None:
+        self.seconds, self.tokens, self.windows = 0.0, 0, 0
+
+    def spent(self, seconds: float) -> None:
+        self.seconds += seconds
+
+    def window_done(self, tokens: int) -> int:
+        """Count a finished window of ``tokens`` tokens; the width from now on."""
+        if self.alone_us is None or self.width == 1:
+            return self.width
+        self.tokens += tokens
+        self.windows += 1
+        if self.windows >= max(NARROW_AFTER, 2 * self.width):
+            cost = self.seconds * 1e6 / max(self.tokens, 1)
+            self.checked.append((self.width, round(cost, 1)))
+            if cost > self.alone_us:
+                log.info("windows side by side at %d cost %.0f us a token, alone %.0f: narrowed to %d",
+                         self.width, cost, self.alone_us, self.width // 2)
+                self.width //= 2
+            self._reset()
+        return self.width
+
+
+def narrows(model: Whisper, products: str) -> Optional[float]:
+    """The cost a token of decoding alone that a batch of ``model`` is held to (``Narrowing``): the
+    job's width-1 cost where the job was timed here and the batch's results do not depend on its
+    width (int8 on the CPU's products); else None."""
+    if products != "cpu" or compute_type_of(model) != "int8":
+        return None
+    entry = routes_table().choices.get(batch_job_name(model))
+    return None if entry is None or "1" not in entry.get("us", {}) else float(entry["us"]["1"])
 
 
 Source = Callable[[], Optional[Tuple[object, Tensor, MedusaDecodingOptions]]]
@@ -249,6 +334,7 @@ class BatchDecoder:
         self.passes = 0  # batched passes, for the statistics
         self.rows = 0  # streams advanced, summed over those passes
         self.host_reads = 0
+        self.narrowing = Narrowing(batch_size, narrows(model, self.products))
 
     def _pass(self, first: int = 0, stop: Optional[int] = None) -> None:
         """One token for each of items [first, stop) (all of them by default), each at its own position."""
@@ -282,17 +368,20 @@ class BatchDecoder:
     @torch.no_grad()
     def run(self, source: Source, sink: Sink) -> None:
         streams: List[Optional[_Stream]] = [None] * self.batch_size
+        narrowing = self.narrowing
         while True:
             # a window _start decodes alone comes back as None, already in the sink
-            refill(streams, source, lambda item, *request: self._start(item, sink, *request), sink)
+            refill(streams, source, lambda item, *request: self._start(item, sink, *request), sink, narrowing.width)
             active = [i for i, s in enumerate(streams) if s is not None]
             if not active:
                 return
+            began = time.perf_counter()
             self._run_pass(active)
             self.host_reads += 1
             values = self.out.tolist()
             self.passes += 1
             self.rows += len(active)
+            finished = []
             for item in active:
                 stream = streams[item]
                 token, logprob = values[item]
@@ -302,13 +391,24 @@ class BatchDecoder:
                 if stream.done:
                     streams[item] = None
                     self.active[item:item + 1].fill_(0)
-                    sink(stream.key, stream.result())
+                    finished.append(stream)
+            narrowing.spent(time.perf_counter() - began)
+            for stream in finished:
+                narrowing.window_done(len(stream.tokens))
+                sink(stream.key, stream.result())
 
     def _start(self, item: int, sink: Sink, key, mel: Tensor, options: MedusaDecodingOptions) -> Optional[_Stream]:
         """Open the window in ``item``: its encoder output into the item's buffers, its rules, and its
         prompt pass on the item alone, which gives its first token. A window whose filters the device
         rules do not have (or not of the batch's structure) is decoded alone by ``decoding.decode``
         and handed to ``sink`` here; returns None then."""
+        began = time.perf_counter()
+        stream = self._open(item, sink, key, mel, options)
+        if stream is not None:  # what decoding it alone would cost too: all but its encoder
+            self.narrowing.spent(time.perf_counter() - began - stream.encode_seconds)
+        return stream
+
+    def _open(self, item: int, sink: Sink, key, mel: Tensor, options: MedusaDecodingOptions) -> Optional[_Stream]:
         stream, features = open_stream(self.model, key, mel, options)
         task = stream.task
         if self.step is None:
@@ -400,10 +500,13 @@ def batch_decoder(model: Whisper, batch_size: int) -> BatchDecoder:
 
 
 def decode_windows(model: Whisper, windows: Iterable[Tuple[object, Tensor, MedusaDecodingOptions]],
-                   batch_size: int) -> Iterator[Tuple[object, MedusaDecodingResult]]:
-    """Decode independent windows (key, log-Mel, options) side by side; yields (key, result) as they end."""
+                   batch_size: int, narrow: bool = True) -> Iterator[Tuple[object, MedusaDecodingResult]]:
+    """Decode independent windows (key, log-Mel, options) side by side; yields (key, result) as they
+    end. ``narrow``: False keeps the width (``Narrowing``) whatever it costs."""
     pending = iter(windows)
     finished: List[Tuple[object, MedusaDecodingResult]] = []
     decoder = batch_decoder(model, batch_size)
+    if not narrow:
+        decoder.narrowing.alone_us = None
     decoder.run(lambda: next(pending, None), lambda key, result: finished.append((key, result)))
     yield from finished

@@ -12,9 +12,9 @@
   channel. The vocabulary projection is int8 too (``projection.Int8Projection``, the decoder's
   ``token_projection``), by whichever of its row-independent kernels measures fastest on the
   running CPU. The encoder's linears, whose products have 1,500
-  rows, run in bfloat16 where the CPU has bfloat16 instructions (there they are both faster and
-  more accurate than int8, and its attention runs in bfloat16 too where measured faster:
-  encoder_attention.py) and as row-wise ``Int8Linear`` where it has not.
+  rows, take the form that encodes a real window fastest on the running machine: float32,
+  bfloat16 (its attention too where that measures faster: encoder_attention.py) or row-wise
+  ``Int8Linear`` (encoder_form.py).
 - ``float16``, ``int8_float16``: CUDA only, as in faster-whisper.
 
 Why these kernels (measured on this project's 2-core AVX-512 CPU, see README "Compute types"):
@@ -55,6 +55,7 @@ from whisper.model import MultiHeadAttention, ResidualAttentionBlock
 
 from ..errors import MedusaWhisperError
 from ..paths import atomic_path, cache_dir
+from . import encoder_form
 from .encoder_attention import attend_in, attention_dtype
 from .int8_kernels import Prepared, prepack, quantize_rows, rowwise_int8_matmul
 from .routes import ROUNDS, median_micros, table as routes_table
@@ -66,8 +67,8 @@ log = logging.getLogger(__name__)
 COMPUTE_TYPES = ("float32", "int8", "bfloat16", "float16", "int8_float16")
 CPU_COMPUTE_TYPES = ("float32", "int8", "bfloat16")
 # bump when the cached layout, the quantisation or what rebuilds the skeleton changes: old cache
-# files are then ignored (3: an EAGLE head's config carries its held-out acceptance by depth)
-CACHE_FORMAT = 3
+# files are then ignored (4: an int8 encoder's form is the one timed fastest, and the file says which)
+CACHE_FORMAT = 4
 
 
 class ComputeTypeError(MedusaWhisperError, ValueError):
@@ -75,8 +76,11 @@ class ComputeTypeError(MedusaWhisperError, ValueError):
 
 
 def check_compute_type(compute_type: str, device: Union[str, torch.device]) -> str:
-    """The compute type if ``device`` can run it; else one clear ComputeTypeError."""
+    """The compute type if ``device`` can run it ("auto": the fastest measured, tuning.py); else one
+    clear ComputeTypeError."""
     device_type = torch.device(device).type
+    if compute_type == "auto":
+        return compute_type
     if compute_type not in COMPUTE_TYPES:
         raise ComputeTypeError(f"unknown compute type {compute_type!r}; choose one of {', '.join(COMPUTE_TYPES)}")
     if device_type == "cpu" and compute_type not in CPU_COMPUTE_TYPES:
@@ -119,7 +123,7 @@ class Int8Linear(nn.Module):
 
     ``kernel``: "weight_only" multiplies bfloat16 activations by the int8 weights
     (``torch._weight_int8pack_mm``; fastest for the few rows of a decoder step), "rowwise" quantises
-    the activations per row too (oneDNN, prepacked; for the encoder on CPUs without bfloat16),
+    the activations per row too (oneDNN, prepacked; an encoder in the "int8 rows" form, encoder_form.py),
     "dequantize" is the portable fallback (CUDA). Output dtype = input dtype.
     """
 
@@ -181,7 +185,7 @@ class Int8Linear(nn.Module):
         keys and values: together.py), where the weight-only kernel, which costs about as much per
         row as for one row, is the slowest choice: ``many_rows_kernel``'s product, a bfloat16 copy
         of the weight or oneDNN's int8 product with the rows quantised one by one (what the encoder
-        uses on CPUs without bfloat16). Measured, base, one core, 150 rows of 1536 x 512:
+        takes in its "int8 rows" form). Measured, base, one core, 150 rows of 1536 x 512:
         weight-only 3.5 ms, int8 rows 0.9, bfloat16 1.4 ms on an AVX-512 EPYC; capped to AVX2,
         weight-only 4.8 ms, int8 rows 1.4 ms, float32 3.1 ms, emulated bfloat16 12.7 ms."""
         if many_rows_kernel(self.out_features, self.in_features) == "bfloat16":
@@ -397,36 +401,69 @@ def apply_compute_type(model: nn.Module, compute_type: str, device=None) -> nn.M
     return model
 
 
-def _convert_structure(model: nn.Module, compute_type: str, device_type: str, quantize: bool = True) -> None:
+def _swapper(kind: str, quantize: bool, half: torch.dtype = torch.bfloat16) -> Callable[[nn.Linear], nn.Module]:
+    """What replaces a linear: "half" (``HalfLinear`` in ``half``) or an ``Int8Linear`` kernel; quantize False
+    makes empty modules of the right shapes, which a cached state dict then fills."""
+    def swap(lin: nn.Linear) -> nn.Module:
+        args = (lin.in_features, lin.out_features, lin.bias is not None)
+        if kind == "half":
+            return HalfLinear.from_linear(lin, half) if quantize else HalfLinear(*args, dtype=half)
+        return Int8Linear.from_linear(lin, kind) if quantize else Int8Linear(*args, kernel=kind)
+    return swap
+
+
+def in_form(module: nn.Module, form: str, quantize: bool = True) -> nn.Module:
+    """``module`` with its linears in an encoder form (encoder_form.FORMS, or "float16" on CUDA): float32
+    leaves them as they are, "bfloat16"/"float16" makes them ``HalfLinear``, "int8 rows" row-wise
+    ``Int8Linear``. The residual stream, convolutions and norms stay float32: measured on base (one
+    window of jfk.flac), that costs 5 % more time than an all-bfloat16 encoder and cuts its mean
+    output error from 1.8 % to 1.1 % of float32's."""
+    if form in HALF_DTYPES:
+        _swap_linears(module, _swapper("half", quantize, HALF_DTYPES[form]))
+    elif form == "int8 rows":
+        _swap_linears(module, _swapper("rowwise", quantize))
+    elif form != "float32":
+        raise ValueError(f"unknown encoder form {form!r}")
+    return module
+
+
+def _timed_form(module: nn.Module, form: str) -> nn.Module:
+    """A module in ``form`` as a converted encoder runs it (its attention as _finish sets it), for
+    encoder_form to time."""
+    in_form(module, form)
+    _encoder_attention(module)
+    return module
+
+
+def int8_encoder_form(dims) -> str:
+    """The form of an int8 model's encoder on this machine: timed once (encoder_form.chosen)."""
+    return encoder_form.chosen(dims, _timed_form)
+
+
+def _convert_structure(model: nn.Module, compute_type: str, device_type: str, quantize: bool = True,
+                       form: Optional[str] = None) -> None:
     """Swap the linear modules and add the projection's copy of the embedding.
 
     quantize : False to build empty modules of the right shapes, which a cached state dict then fills
+    form     : the int8 encoder's form (a cached model's); default: the one chosen on this machine
     """
     encoder = model.encoder
     half = HALF_DTYPES.get(compute_type, torch.bfloat16)
-
-    def make(kind: str):
-        def swap(lin: nn.Linear) -> nn.Module:
-            args = (lin.in_features, lin.out_features, lin.bias is not None)
-            if kind == "half":
-                return HalfLinear.from_linear(lin, half) if quantize else HalfLinear(*args, dtype=half)
-            return Int8Linear.from_linear(lin, kind) if quantize else Int8Linear(*args, kernel=kind)
-        return swap
-
     # the decoder, Medusa heads and block, and any drafter attached as a submodule
     if compute_type in ("bfloat16", "float16"):
-        _swap_linears(model, make("half"), skip=(encoder,))
+        _swap_linears(model, _swapper("half", quantize, half), skip=(encoder,))
     else:
-        _swap_linears(model, make("weight_only" if device_type == "cpu" else "dequantize"), skip=(encoder,))
-    # the encoder: 1,500-row products, where bfloat16 beats int8 on CPUs that have it. Its residual
-    # stream and convolutions stay float32: measured on base (one window of jfk.flac), that costs 5 %
-    # more time than an all-bfloat16 encoder and cuts its mean output error from 1.8 % to 1.1 % of
-    # float32's. Its attention (queries, keys and values out of these bfloat16 products) is set in
-    # _finish, where it measures faster in bfloat16 (encoder_attention.py)
-    if compute_type == "int8" and not cpu_has_bfloat16():
-        _swap_linears(encoder, make("rowwise"))
+        _swap_linears(model, _swapper("weight_only" if device_type == "cpu" else "dequantize", quantize),
+                      skip=(encoder,))
+    # the encoder: 1,500-row products. An int8 model's takes the form timed fastest here (its attention
+    # is set in _finish, in bfloat16 where that measures faster: encoder_attention.py); the half types
+    # keep theirs, as asked
+    if compute_type == "int8" and device_type == "cpu":
+        form = form or int8_encoder_form(model.dims)
     else:
-        _swap_linears(encoder, make("half"))
+        form = {"int8": "int8 rows", "int8_float16": "float16"}.get(compute_type, compute_type)
+    in_form(encoder, form, quantize)
+    model.encoder_form = form
     in_encoder = {id(m) for m in encoder.modules()}
     # see cpu.CpuAttention: on the CPU, every verified row as if it were alone, which is what makes
     # lossless exact there. Not on CUDA: there a row's last bits can depend on its company whatever
@@ -483,18 +520,21 @@ def _finish(model: nn.Module, compute_type: str) -> None:
             module._packed()
         elif isinstance(module, ResidualAttentionBlock):
             fuse_qkv(module.attn)
-    _encoder_attention(model)
+    _encoder_attention(model.encoder)
     model.compute_type = compute_type
 
 
-def _encoder_attention(model: nn.Module) -> None:
+def _encoder_attention(encoder: nn.Module) -> None:
     """The encoder's attention in the dtype measured faster (encoder_attention.py), where its queries,
-    keys and values come out of bfloat16 products on a CPU that multiplies bfloat16 natively."""
-    attn = model.encoder.blocks[0].attn
+    keys and values come out of bfloat16 products on the CPU."""
+    blocks = getattr(encoder, "blocks", None)
+    if not blocks:
+        return
+    attn = blocks[0].attn
     query = attn.query
-    if (isinstance(query, HalfLinear) and query.weight.dtype == torch.bfloat16 and query.weight.device.type == "cpu"
-            and cpu_has_bfloat16()):
-        attend_in(model.encoder, attention_dtype(attn.n_head, model.dims.n_audio_ctx, query.out_features // attn.n_head))
+    if isinstance(query, HalfLinear) and query.weight.dtype == torch.bfloat16 and query.weight.device.type == "cpu":
+        n_ctx = encoder.positional_embedding.shape[0]
+        attend_in(encoder, attention_dtype(attn.n_head, n_ctx, query.out_features // attn.n_head))
 
 
 # ---------------------------------------------------------------- the cache of converted models
@@ -502,8 +542,7 @@ def _encoder_attention(model: nn.Module) -> None:
 
 def cache_key(sources: Dict[str, object], compute_type: str) -> str:
     """What identifies a converted model: its sources' hashes or stamps, the type, torch and the format."""
-    record = dict(sources=sources, compute_type=compute_type, torch=torch.__version__, format=CACHE_FORMAT,
-                  bfloat16_encoder=cpu_has_bfloat16())
+    record = dict(sources=sources, compute_type=compute_type, torch=torch.__version__, format=CACHE_FORMAT)
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
@@ -531,7 +570,8 @@ def save_converted(model: nn.Module, path: Path, build_info: dict) -> None:
     if alignment is not None:
         state["__alignment_heads__"] = alignment.to_dense().contiguous()
     metadata = {"build": json.dumps(build_info), "aliases": json.dumps(aliases),
-                "compute_type": model.compute_type, "torch": torch.__version__}
+                "compute_type": model.compute_type, "torch": torch.__version__,
+                "encoder_form": getattr(model, "encoder_form", "float32")}
     with atomic_path(path) as tmp:
         save_file(state, str(tmp), metadata=metadata)
 
@@ -561,7 +601,11 @@ def load_converted(path: Path, build: Callable[[dict], nn.Module], compute_type:
         state[name] = state[target]
     with torch.device("meta"), _DenseOnMeta():
         model = build(build_info)
-    _convert_structure(model, compute_type, torch.device(device).type, quantize=False)
+    form = metadata.get("encoder_form")
+    if compute_type == "int8" and torch.device(device).type == "cpu" and form != int8_encoder_form(model.dims):
+        log.info("%s: its encoder is %s, this machine's fastest int8 encoder is not: converting again", path, form)
+        return None
+    _convert_structure(model, compute_type, torch.device(device).type, quantize=False, form=form)
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:

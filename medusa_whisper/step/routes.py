@@ -29,10 +29,11 @@ import logging
 import os
 import platform
 import re
+import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -210,6 +211,24 @@ class RouteTable:
             entry = self._timed(name, measure)
         return dict(entry["us"])
 
+    def forget(self, prefix: str) -> List[str]:
+        """Drop the kept choices whose names start with ``prefix``, so that their next use times them
+        again (``medusa-whisper tune``); the names dropped."""
+        with self._lock:
+            names = [name for name in self.choices if name.startswith(prefix)]
+            for name in names:
+                del self.choices[name]
+            self._known = {key: route for key, route in self._known.items() if not _name(key[0]).startswith(prefix)}
+            if names and self.path is not None and self.path.exists():
+                try:
+                    on_disk = json.loads(self.path.read_text(encoding="utf-8"))
+                    on_disk["choices"] = {k: v for k, v in on_disk.get("choices", {}).items() if k not in names}
+                    with atomic_path(self.path) as tmp:
+                        tmp.write_text(json.dumps(on_disk, indent=1, sort_keys=True), encoding="utf-8")
+                except (OSError, ValueError, TypeError) as error:
+                    log.warning("could not drop choices from %s: %s", self.path, error)
+        return names
+
     def _timed_again(self, name: str, entry: dict) -> bool:
         """Whether a kept choice was timed while the machine looked busy and is due another timing:
         once per process, up to MAX_ATTEMPTS timings in all."""
@@ -289,6 +308,12 @@ class RouteTable:
                                encoding="utf-8")
         except OSError as error:  # a read-only cache only costs the next process a measurement
             log.warning("could not save kernel routes to %s: %s", self.path, error)
+
+
+def announce(line: str) -> None:
+    """A line on stderr while the package times a job on this machine (a user waits for it, once per
+    machine): what is timed, then what it chose and how long it took."""
+    print(f"medusa-whisper: note: {line}", file=sys.stderr, flush=True)
 
 
 def _own_random_state():
@@ -423,9 +448,42 @@ def median_micros(fn: Callable[[], object], repeats: int = REPEATS) -> float:
     return sorted(times)[repeats // 2] * 1e6
 
 
+# A job decides (below): the alternatives timed whole, alternating, each after a warm-up; a round
+# ends the timing early where its fastest is this much faster than every other alternative
+DECISIVE = 1.15
+JOB_ROUNDS = 2  # a job's window costs seconds: at most this many rounds
+
+
+def fastest_of(runs: Dict[str, Callable[[], float]], rounds: int = JOB_ROUNDS) -> Dict[str, float]:
+    """Each alternative's time (``runs[name]()`` returns it): one warm-up call each (kernels chosen,
+    buffers made), then up to ``rounds`` alternating rounds, the fastest round of each kept; fewer
+    rounds where one alternative is DECISIVE-ly ahead of all the others after a round."""
+    for run in runs.values():
+        run()
+    best = {name: float("inf") for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            best[name] = min(best[name], run())
+        ranked = sorted(best.values())
+        if len(ranked) == 1 or ranked[1] > DECISIVE * ranked[0]:
+            break
+    return best
+
+
+# float32 weight shapes (n_out, n_in) whose job found the measured routes slower than whisper's own
+# product (tuning.float32_routes): route_for takes whisper's route for them
+_JOB_SAYS_WHISPER: set = set()
+
+
+def whispers_route_for(shapes: Iterable[Tuple[int, int]], whispers: bool) -> None:
+    """Take whisper's route for these weight shapes (``whispers``), or the measured ones, as a job decided."""
+    for shape in shapes:
+        (_JOB_SAYS_WHISPER.add if whispers else _JOB_SAYS_WHISPER.discard)(tuple(shape))
+
+
 def route_for(kind: str, weight: Tensor, rows: int) -> str:
     """The route for multiplying ``rows`` rows by ``weight`` (kind "linear" or "projection")."""
     if (weight.device.type != "cpu" or not 1 <= rows <= MAX_MEASURED_ROWS or weight.dtype != torch.float32
-            or os.environ.get(ROUTES_ENV, "measure") == "whisper"):
+            or os.environ.get(ROUTES_ENV, "measure") == "whisper" or tuple(weight.shape) in _JOB_SAYS_WHISPER):
         return WHISPER_ROUTE
     return table().choose((kind, weight.shape[0], weight.shape[1], "float32"), rows)

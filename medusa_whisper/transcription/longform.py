@@ -322,9 +322,9 @@ def transcribe(
                hold MedusaDecodingOptions' own fields (``mode``, ``num_heads``, ...)
     progress : makes the progress bar, called like ``tqdm.tqdm(total=..., unit="s")``; by default
                a bar is shown when ``verbose`` is False, as whisper does
-    batch_size : for a list: how many recordings' windows share a decoder pass (default: the size
-               measured cheapest per token on this machine, ``batches.default_batch_size``); with
-               ``vad_chunks``: how many chunks (default 8)
+    batch_size : for a list, how many recordings' windows share a decoder pass; with ``vad_chunks``, how
+               many chunks (default for both: the size measured cheapest per token on this machine,
+               ``batches.default_batch_size``)
     vad_chunks : cut the speech into chunks of at most 30 s (Silero VAD) and decode them side by side,
                each without the previous text (chunked.py): faster, but not whisper's text
     vad_filter : cut out the silences of 2 s or more (Silero VAD) and transcribe the rest window after
@@ -339,7 +339,10 @@ def transcribe(
         options = {k: v for k, v in locals().items()
                    if k not in ("model", "audio", "batch_size", "decode_options", "vad_chunks", "vad_filter", "verbose",
                                 "progress")}
-        return _transcribe_chunked(model, audio, batch_size or 8, verbose, **options, **decode_options)
+        if batch_size is None:  # the width a job of windows side by side measured cheapest per token here
+            from ..decoding.batches import default_batch_size
+            batch_size = default_batch_size(model)
+        return _transcribe_chunked(model, audio, batch_size, verbose, **options, **decode_options)
     if isinstance(audio, (list, tuple)):
         options = {k: v for k, v in locals().items()
                    if k not in ("model", "audio", "batch_size", "decode_options", "vad_chunks")}
@@ -557,7 +560,18 @@ def _transcribe_frames(model, mel: LogMelFrames, *, draft_frames: Optional[LogMe
                 bar.update(_seconds(min(content_frames, seek) - window.seek))
 
     return dict(text=tokenizer.decode(all_tokens[len(initial_prompt_tokens):]), segments=all_segments,
-                language=language, medusa=dict(stats.as_dict(), audio_seconds=round(content_duration, 3)))
+                language=language, medusa=dict(stats.as_dict(), audio_seconds=round(content_duration, 3),
+                                               **compute_of(model)))
+
+
+def compute_of(model) -> dict:
+    """How the model computes, for a result's statistics: its compute type (``auto``'s choice where it
+    was asked for) and, where it is converted, its encoder's form. Not in the output files, which are
+    the same on every machine (outputs.STAT_FIELDS)."""
+    compute = {"compute_type": getattr(model, "compute_type", "float32")}
+    if hasattr(model, "encoder_form"):
+        compute["encoder"] = model.encoder_form
+    return compute
 
 
 def _seconds(frames: int) -> float:

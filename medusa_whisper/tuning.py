@@ -1,0 +1,198 @@
+"""Choices timed on a real job on the running machine: the compute type (``auto``) and the others.
+
+Which compute type transcribes fastest is not written on the CPU: on an Intel Xeon with AVX-512 BF16
+and no AMX, float32 transcribed 31 short clips in 21.6 s where int8 took 24.1 s (its encoder ran in
+bfloat16 because the CPU has the instructions, 1.5x slower than float32 there), while on an AVX2-only
+EPYC int8 decodes 2x faster than float32 (docs/cpu_kinds.md). So ``compute_type="auto"``
+(``--compute-type auto``, faster-whisper's and CTranslate2's name) loads the model at each of the
+device's compute types, decodes the timing clip's window (``audio/timing_clip.py``, a real 30-s window)
+with each, as the user's windows will be decoded (encoder, prompt, the decoding loop with the model's
+proposer), alternating, and keeps the one that took least time. Within ``TIE`` of it the more exact
+type is kept (float32 is openai-whisper's own output). bfloat16 is timed only where its products are
+not far slower than float32's (the int8 encoder's timing shortlists it, ``step/encoder_form.py``).
+
+Measured once per machine (CPU, flags, torch, threads) and model name, kept with the kernel routes
+(``step/routes.py``); the first run says what it times and how long it took. The other choices timed
+on a job: the int8 encoder's form (``step/encoder_form.py``) and the batch width for several files
+(``decoding/batches.py``). ``medusa-whisper tune`` times all of them again and prints them
+(``tune``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from .audio import timing_clip
+from .step import encoder_form
+from .step.compute import compute_type_of
+from .step.routes import ROUTES_ENV, announce, fastest_of, table as routes_table, whispers_route_for
+
+AUTO = "auto"
+EXACT_FIRST = ("float32", "bfloat16", "float16", "int8", "int8_float16")  # the most exact first
+CANDIDATES = {"cpu": ("float32", "int8", "bfloat16"), "cuda": ("float32", "float16", "int8_float16")}
+TIE = 1.05  # within this much of the fastest, the more exact type is kept
+
+Loader = Callable[[str], torch.nn.Module]  # compute type -> the model loaded at it
+
+
+def job_name(model_name: str) -> str:
+    return f"compute type job {model_name}"
+
+
+def choose(costs: Dict[str, float]) -> str:
+    """The compute type from measured job costs (type -> microseconds a window): the most exact
+    within TIE of the fastest."""
+    best = min(costs.values())
+    return next(t for t in EXACT_FIRST if t in costs and costs[t] <= TIE * best)
+
+
+def fastest(model_name: str, device: torch.device, load: Loader) -> torch.nn.Module:
+    """The model loaded at the compute type that decodes the timing clip fastest here (timed once)."""
+    loaded: Dict[str, torch.nn.Module] = {}
+    costs = routes_table().costs(job_name(model_name), lambda: measure(model_name, device, load, loaded))
+    chosen = choose(costs)
+    model = loaded.get(chosen) or load(chosen)
+    model.compute_type_costs = dict(costs)  # what auto chose from, for --verbose and the result's stats
+    return model
+
+
+def measure(model_name: str, device: torch.device, load: Loader,
+            loaded: Optional[Dict[str, torch.nn.Module]] = None) -> Dict[str, float]:
+    """Microseconds of the timing clip's window decoded at each shortlisted compute type (alternating
+    after a warm-up: ``routes.fastest_of``); ``loaded`` receives the models."""
+    loaded = {} if loaded is None else loaded
+    began = time.perf_counter()
+    candidates = CANDIDATES.get(torch.device(device).type, CANDIDATES["cpu"])
+    announce(f"timing {model_name} at {', '.join(candidates)} on this machine, once: the timing clip's "
+             f"{timing_clip.seconds():.0f}-s window decoded at each")
+    for compute_type in candidates:
+        if compute_type == "bfloat16" and not _bfloat16_shortlisted(loaded):
+            continue
+        loaded[compute_type] = load(compute_type)
+    mel = timing_clip.window_mel(next(iter(loaded.values())).dims.n_mels)
+    best = fastest_of({compute_type: functools.partial(window_seconds, model, mel)
+                       for compute_type, model in loaded.items()})
+    costs = {compute_type: seconds * 1e6 for compute_type, seconds in best.items()}
+    timed = ", ".join(f"{t} {s:.2f} s" for t, s in best.items())
+    announce(f"{model_name}: {timed} a window -> {choose(costs)} (timed in {time.perf_counter() - began:.0f} s; "
+             f"`medusa-whisper tune` times it again)")
+    return costs
+
+
+def window_seconds(model: torch.nn.Module, mel: torch.Tensor) -> float:
+    """Wall seconds of one window decoded as ``transcribe`` decodes it: encoder, prompt and the loop
+    with the model's proposer, lossless, in English (the clip's language), no fallback."""
+    from .decoding.window import decode
+    from .options import MedusaDecodingOptions
+
+    device = next(model.parameters()).device
+    options = MedusaDecodingOptions(language="en", fp16=device.type == "cuda")
+    began = time.perf_counter()
+    decode(model, mel.to(device), options)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - began
+
+
+def routes_job_name(dims) -> str:
+    return f"float32 routes job {dims.n_text_layer}x{dims.n_text_state} vocab {dims.n_vocab}"
+
+
+def float32_routes(model: torch.nn.Module) -> bool:
+    """Whether a float32 model's decoder keeps the routes measured per product (``step/routes.py``)
+    or takes whisper's own ``x @ W.T`` for every product: the timing clip's window decoded both
+    ways (its encoder output computed once), timed once per machine and decoder shape; the
+    measured routes are kept only where they are TIE faster. On the AVX2 EPYC of family 23 the
+    routes timed product by product made the decoder 1.00x ``whisper.decode``'s, whisper's own
+    1.12x: a product timed alone is not the product in a pass. Sets the choice for this process."""
+    if (next(model.parameters()).device.type != "cpu" or compute_type_of(model) != "float32"
+            or os.environ.get(ROUTES_ENV, "measure") == "whisper"):
+        return False
+    shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    shapes.add(tuple(model.decoder.token_embedding.weight.shape))
+    costs = routes_table().costs(routes_job_name(model.dims), lambda: _time_routes(model, shapes))
+    measured = costs["measured"] * TIE < costs["whisper"]
+    whispers_route_for(shapes, not measured)
+    return measured
+
+
+def _time_routes(model: torch.nn.Module, shapes) -> Dict[str, float]:
+    from .decoding.window import decode
+    from .options import MedusaDecodingOptions
+
+    began = time.perf_counter()
+    announce("timing the float32 decoder's products, as measured one by one and as whisper's, on the "
+             "timing clip's window, once for this machine")
+    with torch.inference_mode():
+        features = model.encoder(timing_clip.window_mel(model.dims.n_mels)[None])[0]
+    options = MedusaDecodingOptions(language="en", fp16=False, mode="off")
+
+    def timer(whispers: bool):
+        def run() -> float:
+            whispers_route_for(shapes, whispers)
+            start = time.perf_counter()
+            decode(model, features, options)
+            return (time.perf_counter() - start) * 1e6
+        return run
+    costs = fastest_of({"measured": timer(False), "whisper": timer(True)})
+    verdict = "measured" if costs["measured"] * TIE < costs["whisper"] else "whisper"
+    announce(f"float32 decoder timed in {time.perf_counter() - began:.0f} s: measured routes "
+             f"{costs['measured'] / 1e6:.2f} s, whisper's {costs['whisper'] / 1e6:.2f} s a window -> {verdict}")
+    return costs
+
+
+def _bfloat16_shortlisted(loaded: Dict[str, torch.nn.Module]) -> bool:
+    """Whether bfloat16's products are near enough float32's here to time it (the int8 encoder's
+    product timings, made when the int8 model was loaded; timed now if it was not)."""
+    model = loaded.get("int8") or loaded.get("float32")
+    if model is None:
+        return True
+    from .step.compute import _timed_form
+
+    costs = routes_table().costs(encoder_form.name(model.dims), lambda: encoder_form.measure(model.dims, _timed_form))
+    products = {k: v for k, v in costs.items() if k.startswith("product ")}
+    return products.get("product bfloat16", 0.0) <= encoder_form.SHORTLIST * min(products.values())
+
+
+def tune(model_name: str, device: torch.device, load: Loader, kernels: bool = False) -> Tuple[torch.nn.Module, List[str]]:
+    """Time this machine's job choices for ``model_name`` again (all kernel choices too with
+    ``kernels``); the fastest model and the lines that say what was measured and chosen."""
+    from .decoding.batches import batch_job_prefix, default_batch_size, measured_batch_sizes
+
+    table = routes_table()
+    if kernels:
+        table.forget("")
+    for prefix in ("int8 encoder form ", job_name(model_name), batch_job_prefix(), "float32 routes job "):
+        table.forget(prefix)
+    model = fastest(model_name, device, load)
+    if compute_type_of(model) == "int8":
+        default_batch_size(model)
+    lines = [table.describe()[0]]
+    lines += describe(model_name, table.choices)
+    lines += measured_batch_sizes()
+    lines.append(f"kept in {table.path}")
+    return model, lines
+
+
+def describe(model_name: str, choices: Dict[str, dict]) -> List[str]:
+    """What the job timings chose for ``model_name``, one line each."""
+    lines = []
+    for name, entry in sorted(choices.items()):
+        costs = entry.get("us", {})
+        if name.startswith("int8 encoder form "):
+            whole = {k[len("encoder "):]: v for k, v in costs.items() if k.startswith("encoder ")}
+            left = [k[len("product "):] for k in costs if k.startswith("product ") and k[len("product "):] not in whole]
+            timed = ", ".join(f"{form} {us / 1e6:.2f} s" for form, us in whole.items())
+            skipped = f" ({', '.join(left)} not timed whole: its product was over {encoder_form.SHORTLIST}x the fastest)" \
+                if left else ""
+            lines.append(f"  {name}: {timed} a window{skipped} -> {encoder_form.choose(costs)}")
+        elif name == job_name(model_name):
+            timed = ", ".join(f"{t} {us / 1e6:.2f} s" for t, us in costs.items())
+            lines.append(f"  compute type for {model_name} (auto): {timed} a {timing_clip.seconds():.0f}-s window "
+                         f"-> {choose(costs)}")
+    return lines

@@ -1,0 +1,65 @@
+"""Every CPU kind met, replayed: docs/kinds/*.json (tools.bench kind-profile) hold each kind's job times
+and what measured fastest there; the package's choice rules, given those times, must choose it."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from medusa_whisper import tuning
+from medusa_whisper.decoding.batches import choose_batch_size
+from medusa_whisper.step import encoder_form
+
+KINDS = sorted((Path(__file__).parent.parent / "docs" / "kinds").glob("*.json"))
+
+
+def rule(decision: str):
+    """The package's choice for one decision, over measured costs (candidate -> time)."""
+    return {
+        "int8 encoder form": encoder_form.choose,
+        "compute type": tuning.choose,
+        "batch width": lambda costs: choose_batch_size({int(k): v for k, v in costs.items()}),
+    }[decision]
+
+
+def test_there_is_a_profile_of_every_kind_met():
+    kinds = {json.loads(path.read_text())["kind"] for path in KINDS}
+    assert {"xeon-avx512bf16-noamx", "xeon-amx", "epyc-avx2-zen3"} <= kinds and len(kinds) >= 4
+
+
+@pytest.mark.parametrize("path", KINDS, ids=[p.stem for p in KINDS])
+def test_the_rules_given_a_kinds_job_times_choose_what_measured_fastest_there(path):
+    profile = json.loads(path.read_text())
+    assert profile["cpu"]["isa"] and profile["threads"] and profile["fastest"]
+    for decision, fastest in profile["fastest"].items():
+        jobs = profile["jobs"][decision]
+        assert rule(decision)(jobs) == fastest, (decision, jobs)
+
+
+# the real jobs' times of two candidates within this much of each other are a tie (the machines drift by more)
+TIED = 1.05
+
+
+@pytest.mark.parametrize("path", KINDS, ids=[p.stem for p in KINDS])
+def test_the_calibrations_own_choice_there_was_no_slower_on_the_real_jobs(path):
+    """Where a kind's file holds what the package's calibration timed there (its job, not the
+    benches'), its choice is the rule's, and on the real jobs it was what measured fastest, or
+    within TIED of it."""
+    profile = json.loads(path.read_text())
+    for decision, measured in profile.get("calibration", {}).items():
+        chosen = rule(decision)(measured["us"])
+        assert chosen == measured["chosen"]
+        jobs = {str(k): v for k, v in profile["jobs"].get(decision, {}).items()}
+        key = str(chosen) if decision != "int8 encoder form" else f"encoder {chosen}"
+        if key in jobs:
+            assert jobs[key] <= TIED * min(jobs.values()), (decision, chosen, jobs)
+        elif decision in profile["fastest"]:
+            assert chosen == profile["fastest"][decision], decision
+
+
+def test_the_rules_are_not_argmin_alone():
+    """Replayed on a near tie, each rule keeps the more exact or the narrower choice."""
+    assert encoder_form.choose({"encoder float32": 100.0, "encoder int8 rows": 97.0}) == "float32"
+    assert tuning.choose({"float32": 100.0, "int8": 97.0}) == "float32"
+    assert choose_batch_size({1: 100.0, 4: 95.0, 16: 60.0}) == 16
+    assert choose_batch_size({1: 100.0, 16: 95.0}) == 1  # under 10 % saved: one at a time

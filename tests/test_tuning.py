@@ -1,0 +1,237 @@
+"""Choices timed on a real job (tuning.py, step/encoder_form.py): the int8 encoder's form, the compute
+type ``auto`` takes, ``medusa-whisper tune``; each measured once per machine and kept, the choice
+rules over measured costs, and converted models that follow the choice."""
+
+import json
+
+import pytest
+import torch
+from whisper.model import ModelDimensions
+
+import medusa_whisper
+from medusa_whisper import MedusaConfig, tuning
+from medusa_whisper.audio import timing_clip
+from medusa_whisper.cli import main
+from medusa_whisper.step import compute, encoder_form
+from medusa_whisper.step.routes import JOB_ROUNDS, RouteTable
+
+from helpers import random_model
+
+SMALL = ModelDimensions(n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_head=2, n_audio_layer=2,
+                        n_vocab=51864, n_text_ctx=448, n_text_state=64, n_text_head=2, n_text_layer=2)
+
+
+# --- the rules over measured costs ------------------------------------------------------------------
+
+
+def test_the_encoder_form_is_the_fastest_or_the_more_exact_within_a_tie():
+    assert encoder_form.choose({"encoder float32": 1.30e6, "encoder int8 rows": 1.10e6}) == "int8 rows"
+    # int8 rows 2 % faster: not worth its error, float32 kept
+    assert encoder_form.choose({"encoder float32": 1.30e6, "encoder int8 rows": 1.275e6}) == "float32"
+    assert encoder_form.choose({"encoder float32": 389e3, "encoder bfloat16": 582e3, "product int8 rows": 1.0}) \
+        == "float32"
+    assert encoder_form.choose({"encoder float32": 381e3, "encoder bfloat16": 157e3, "encoder int8 rows": 150e3}) \
+        == "bfloat16"
+
+
+def test_the_compute_type_is_the_fastest_or_the_more_exact_within_a_tie():
+    assert tuning.choose({"float32": 21.59, "int8": 24.11}) == "float32"
+    assert tuning.choose({"float32": 3.1, "int8": 2.2, "bfloat16": 5.0}) == "int8"
+    assert tuning.choose({"float32": 2.25, "int8": 2.2}) == "float32"  # within 5 %: openai-whisper's own numbers
+    assert tuning.choose({"float32": 2.0, "float16": 1.0, "int8_float16": 0.97}) == "float16"
+
+
+# --- the int8 encoder's form ----------------------------------------------------------------------
+
+
+def test_the_encoder_form_is_timed_once_per_machine_on_the_timing_clip(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    mels = []
+    real_mel = timing_clip.window_mel
+    monkeypatch.setattr(timing_clip, "window_mel", lambda n_mels, length=30.0: mels.append(n_mels) or real_mel(n_mels))
+    form = compute.int8_encoder_form(SMALL)
+    assert form in encoder_form.FORMS and mels == [SMALL.n_mels]
+    saved = json.loads(next((tmp_path / "routes").glob("*.json")).read_text())["choices"][encoder_form.name(SMALL)]
+    assert encoder_form.choose(saved["us"]) == form
+    assert {f"product {f}" for f in encoder_form.FORMS} <= set(saved["us"])  # every form's product shortlists
+    timed_whole = [k for k in saved["us"] if k.startswith("encoder ")]
+    assert "encoder float32" in timed_whole or "encoder int8 rows" in timed_whole
+    said = capsys.readouterr().err
+    assert "timing the int8 encoder" in said and f"-> {form}" in said  # what is timed, how long, the choice
+    monkeypatch.setattr(encoder_form, "measure", lambda *a, **k: pytest.fail("timed again"))
+    assert compute.int8_encoder_form(SMALL) == form
+
+
+@pytest.mark.parametrize("form", encoder_form.FORMS)
+def test_each_form_encodes_close_to_float32_and_the_decoder_stays_int8(monkeypatch, form):
+    from medusa_whisper.step.compute import HalfLinear, Int8Linear
+
+    monkeypatch.setattr(compute, "int8_encoder_form", lambda dims: form)
+    reference = random_model(MedusaConfig(num_heads=1))
+    model = compute.apply_compute_type(random_model(MedusaConfig(num_heads=1)), "int8")
+    assert model.encoder_form == form
+    kind = {"float32": torch.nn.Linear, "bfloat16": HalfLinear, "int8 rows": Int8Linear}[form]
+    linears = [m for m in model.encoder.modules() if hasattr(m, "in_features")]
+    assert linears and all(isinstance(m, kind) for m in linears)
+    assert all(isinstance(m, Int8Linear) for m in model.decoder.modules() if hasattr(m, "in_features")
+               and not isinstance(m, torch.nn.Embedding))
+    mel = timing_clip.window_mel(model.dims.n_mels)[None]
+    with torch.inference_mode():
+        ours, exact = model.encoder(mel), reference.encoder(mel)
+    error = ((ours - exact).norm() / exact.norm()).item()
+    assert error < {"float32": 1e-6, "bfloat16": 0.05, "int8 rows": 0.25}[form], error
+    assert (error == 0.0) == (form == "float32")
+
+
+def test_a_cached_conversion_made_with_another_encoder_form_is_converted_again(monkeypatch, tmp_path):
+    from medusa_whisper.checkpoints import weights
+
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    monkeypatch.setattr(compute, "int8_encoder_form", lambda dims: "int8 rows")
+    first = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    assert first.encoder_form == "int8 rows"
+    (cached,) = (tmp_path / "compute").glob("int8-*.safetensors")
+    written = cached.stat().st_mtime_ns
+    reads = []
+    real_load = weights.load_checkpoint
+    monkeypatch.setattr(weights, "load_checkpoint", lambda path: reads.append(path) or real_load(path))
+    assert medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8").encoder_form == "int8 rows"
+    assert not reads  # the same form: read from the cache
+    monkeypatch.setattr(compute, "int8_encoder_form", lambda dims: "float32")
+    again = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
+    assert again.encoder_form == "float32" and reads  # converted again from the checkpoint
+    assert cached.stat().st_mtime_ns != written  # and the cache holds the new form
+    assert not any(isinstance(m, compute.Int8Linear) for m in again.encoder.modules())
+
+
+# --- the compute type: auto -----------------------------------------------------------------------
+
+
+def test_auto_times_each_compute_type_once_and_loads_the_fastest(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    windows = []
+    real_window = tuning.window_seconds
+    monkeypatch.setattr(tuning, "window_seconds",
+                        lambda model, mel: windows.append(compute.compute_type_of(model)) or real_window(model, mel))
+    model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="auto")
+    costs = model.compute_type_costs
+    assert compute.compute_type_of(model) == tuning.choose(costs)
+    assert {"float32", "int8"} <= set(costs) <= {"float32", "int8", "bfloat16"}
+    # a warm-up and one or two timings of each type, alternating
+    rounds = len(windows) // len(costs)
+    assert windows == list(costs) * rounds and 2 <= rounds <= 1 + JOB_ROUNDS
+    saved = json.loads(next((tmp_path / "routes").glob("*.json")).read_text())["choices"]
+    assert saved[tuning.job_name("tiny.en")]["us"] == pytest.approx(costs, abs=0.1)
+    said = capsys.readouterr().err
+    chosen = compute.compute_type_of(model)
+    assert "timing tiny.en at" in said and f"-> {chosen}" in said
+
+    loaded = []
+    real_load = medusa_whisper.loading.load_model
+
+    def load(*args, **kwargs):
+        loaded.append(kwargs.get("compute_type"))
+        return real_load(*args, **kwargs)
+    monkeypatch.setattr(medusa_whisper.loading, "load_model", load)
+    monkeypatch.setattr(tuning, "window_seconds", lambda *a: pytest.fail("timed again"))
+    again = load("tiny.en", device="cpu", compute_type="auto")
+    assert compute.compute_type_of(again) == chosen and loaded == ["auto", chosen]
+
+
+def test_auto_is_named_in_a_transcriptions_statistics(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    table = RouteTable(None)
+    table.choices[tuning.job_name("tiny.en")] = {"route": "int8", "us": {"float32": 2.0e6, "int8": 1.0e6}}
+    monkeypatch.setattr(tuning, "routes_table", lambda: table)
+    model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="auto")
+    assert model.compute_type == "int8"
+    stats = medusa_whisper.transcribe(model, timing_clip.samples()[: 16000 * 5], language="en")["medusa"]
+    assert stats["compute_type"] == "int8" and stats["encoder"] == model.encoder_form
+
+
+def test_the_command_line_takes_auto_and_says_what_it_chose_when_verbose(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    table = RouteTable(None)
+    table.choices[tuning.job_name("tiny.en")] = {"route": "float32", "us": {"float32": 1.0e6, "int8": 1.5e6}}
+    monkeypatch.setattr(tuning, "routes_table", lambda: table)
+    clip = tmp_path / "clip.flac"
+    clip.write_bytes(timing_clip.CLIP.read_bytes())
+    assert main(["transcribe", str(clip), "--model", "tiny.en", "--compute-type", "auto", "--verbose", "True",
+                 "--language", "en", "--clip-timestamps", "0,4"]) == 0
+    err = capsys.readouterr().err
+    assert "--compute-type auto: float32 (this machine's timing of a window: float32 1.00 s, int8 1.50 s)" in err
+
+
+# --- medusa-whisper tune --------------------------------------------------------------------------
+
+
+def test_tune_times_the_jobs_again_and_prints_what_it_chose(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    stale = {"route": "bfloat16", "us": {"float32": 9.0e6, "int8": 9.0e6, "bfloat16": 1.0}}
+    routes = tmp_path / "routes"
+    from medusa_whisper.step import routes as routes_module
+    table = routes_module.table()
+    table.choices[tuning.job_name("tiny.en")] = stale
+    table._save()
+    timed = []
+    real_measure = tuning.measure
+    monkeypatch.setattr(tuning, "measure", lambda *a, **k: timed.append(a[0]) or real_measure(*a, **k))
+    monkeypatch.setattr("medusa_whisper.decoding.batches.BATCH_SIZES", (1, 2))
+    assert main(["tune", "--model", "tiny.en", "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert timed == ["tiny.en"]  # the kept choice was timed again
+    saved = json.loads(next(routes.glob("*.json")).read_text())["choices"]
+    chosen = tuning.choose(saved[tuning.job_name("tiny.en")]["us"])
+    assert saved[tuning.job_name("tiny.en")]["us"] != stale["us"]
+    assert "compute type for tiny.en (auto):" in out and f"-> {chosen}" in out
+    if chosen == "int8":
+        assert "int8 encoder form" in out and "default --batch-size" in out
+
+
+def test_forgetting_drops_choices_in_memory_and_on_disk(tmp_path):
+    path = tmp_path / "routes.json"
+    table = RouteTable(path)
+    table.costs("compute type job a", lambda: {"float32": 1.0})
+    table.costs("kept", lambda: {"x": 1.0})
+    assert table.forget("compute type job") == ["compute type job a"]
+    assert set(json.loads(path.read_text())["choices"]) == {"kept"}
+    again = []
+    table.costs("compute type job a", lambda: again.append(1) or {"float32": 2.0})
+    assert again == [1]
+
+
+# --- float32: the products' routes, or whisper's ------------------------------------------------------
+
+
+def test_the_float32_decoder_keeps_the_measured_routes_only_where_its_job_finds_them_faster(monkeypatch):
+    from medusa_whisper.step import routes
+
+    table = RouteTable(None)
+    monkeypatch.setattr(tuning, "routes_table", lambda: table)
+    model = random_model(MedusaConfig(num_heads=1))
+    weight = model.decoder.blocks[0].mlp[0].weight
+    name = tuning.routes_job_name(model.dims)
+    try:
+        for measured, whispers, kept in ((1.0, 2.0, True), (1.0, 1.02, False), (2.0, 1.0, False)):
+            table.choices[name] = {"route": "", "us": {"measured": measured, "whisper": whispers}}
+            assert tuning.float32_routes(model) is kept
+            assert (tuple(weight.shape) in routes._JOB_SAYS_WHISPER) is not kept
+            if not kept:
+                assert routes.route_for("linear", weight, 4) == routes.WHISPER_ROUTE
+    finally:
+        routes.whispers_route_for([tuple(weight.shape), tuple(model.decoder.token_embedding.weight.shape)], False)
+
+
+def test_a_float32_load_times_its_routes_once_on_the_timing_clip(monkeypatch, tmp_path, capsys):
+    from medusa_whisper.step import routes
+
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    model = medusa_whisper.load_model("tiny.en", device="cpu")
+    saved = json.loads(next((tmp_path / "routes").glob("*.json")).read_text())["choices"]
+    costs = saved[tuning.routes_job_name(model.dims)]["us"]
+    assert set(costs) == {"measured", "whisper"}
+    kept = costs["measured"] * tuning.TIE < costs["whisper"]
+    assert (tuple(model.decoder.token_embedding.weight.shape) in routes._JOB_SAYS_WHISPER) is not kept
+    assert "timing the float32 decoder's products" in capsys.readouterr().err
+    monkeypatch.setattr(tuning, "_time_routes", lambda *a: pytest.fail("timed again"))
+    medusa_whisper.load_model("tiny.en", device="cpu")

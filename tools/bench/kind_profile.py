@@ -1,0 +1,112 @@
+"""A CPU kind's profile as data: what the package's choices need, measured on the running machine.
+
+    python -m tools.bench kind-profile --kind epyc-avx2-family23 --jobs bench_out/kind_jobs.json
+
+Writes ``docs/kinds/<kind>.json``:
+
+- ``cpu``: the identity (vendor, family, model, model name, the ISA features that decide kernels,
+  cores, last-level cache); ``torch``, ``threads``, ``model``, ``commit``, ``measured``;
+- ``calibration``: what the package's own job timings measured here, from a fresh cache (the
+  timing clip's window at each compute type, the int8 encoder's forms, the batch width's job), as
+  ``tuning.tune`` times them, each with the choice it makes;
+- ``jobs`` and ``fastest`` (from ``--jobs``, a JSON written from the benches run on the same machine):
+  each candidate's time on the real jobs (seconds, or any unit shared within a decision) and which
+  was fastest there; ``rows``: the issue's rows measured (free-form).
+
+``tests/test_kinds.py`` replays every file: the package's choice rules, given a kind's job times,
+must choose what measured fastest there, and where the file holds the calibration's own timings,
+those must choose it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Dict
+
+import torch
+
+from tools import ROOT
+
+KINDS = ROOT / "docs" / "kinds"
+
+
+def cpu_identity() -> Dict[str, object]:
+    """What tells one CPU kind from another: /proc/cpuinfo's vendor, family, model and name, the
+    ISA features the kernels dispatch on, the cores and the last-level cache."""
+    from medusa_whisper.step.routes import isa_features
+
+    fields: Dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            name, _, value = line.partition(":")
+            name = name.strip()
+            if name in ("vendor_id", "cpu family", "model", "model name") and name not in fields:
+                fields[name] = value.strip()
+    except OSError:
+        pass
+    try:
+        l3 = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+    except OSError:
+        l3 = "unknown"
+    return {"vendor": fields.get("vendor_id", platform.processor()), "family": int(fields.get("cpu family", -1)),
+            "model": int(fields.get("model", -1)), "model_name": fields.get("model name", platform.machine()),
+            "isa": isa_features(), "cores": os.cpu_count(), "l3": l3}
+
+
+def calibration(model_name: str) -> Dict[str, Dict[str, object]]:
+    """The job choices timed afresh (a cache of this run's own), as the package keeps them."""
+    from medusa_whisper import load_model, tuning
+    from medusa_whisper.decoding.batches import batch_job_prefix, choose_batch_size
+    from medusa_whisper.step import encoder_form
+
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["MEDUSA_WHISPER_CACHE"] = cache
+        device = torch.device("cpu")
+        model, _ = tuning.tune(model_name, device, lambda t: load_model(model_name, device="cpu", compute_type=t))
+        from medusa_whisper.step.routes import table
+        choices = table().choices
+        found = {}
+        for name, entry in choices.items():
+            costs = entry["us"]
+            if name == encoder_form.name(model.dims):
+                found["int8 encoder form"] = {"us": costs, "chosen": encoder_form.choose(costs)}
+            elif name == tuning.job_name(model_name):
+                found["compute type"] = {"us": costs, "chosen": tuning.choose(costs)}
+            elif name.startswith(batch_job_prefix()):
+                found["batch width"] = {"us": costs, "chosen": choose_batch_size({int(k): v for k, v in costs.items()})}
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", required=True, help="the file's name, e.g. epyc-avx2-family23")
+    parser.add_argument("--model", default="base")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--jobs", type=Path, default=None,
+                        help="JSON with 'jobs', 'fastest' and 'rows' from this machine's benches")
+    parser.add_argument("--out", type=Path, default=None, help=f"default: {KINDS}/<kind>.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    profile = {"kind": args.kind, "cpu": cpu_identity(), "torch": torch.__version__, "threads": args.threads,
+               "model": args.model, "commit": commit, "measured": datetime.date.today().isoformat(),
+               "calibration": calibration(args.model)}
+    if args.jobs is not None:
+        profile.update(json.loads(args.jobs.read_text(encoding="utf-8")))
+    out = args.out or KINDS / f"{args.kind}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
