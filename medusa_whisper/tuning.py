@@ -99,26 +99,36 @@ def window_seconds(model: torch.nn.Module, mel: torch.Tensor) -> float:
     return time.perf_counter() - began
 
 
+ROUTES_JOB_TOKENS = 48  # a token's cost is what the routes change: half the window's text tells it
+
+
 def routes_job_name(dims) -> str:
     return f"float32 routes job {dims.n_text_layer}x{dims.n_text_state} vocab {dims.n_vocab}"
 
 
 def float32_routes(model: torch.nn.Module) -> bool:
-    """Whether a float32 model's decoder keeps the routes measured per product (``step/routes.py``)
-    or takes whisper's own ``x @ W.T`` for every product: the timing clip's window decoded both
-    ways (its encoder output computed once), timed once per machine and decoder shape; the
-    measured routes are kept only where they are TIE faster. On the AVX2 EPYC of family 23 the
-    routes timed product by product made the decoder 1.00x ``whisper.decode``'s, whisper's own
-    1.12x: a product timed alone is not the product in a pass. Sets the choice for this process."""
+    """Whether a float32 model's one-row passes (plain decoding) keep the routes measured per product
+    (``step/routes.py``) or take whisper's own ``x @ W.T`` for every product: the timing clip's
+    window decoded both ways (its encoder output computed once, ROUTES_JOB_TOKENS tokens), timed
+    once per machine and decoder shape; the measured routes are kept only where they are TIE
+    faster. On the AVX2 EPYC of family 23 the routes timed product by product made the decoder
+    1.00x ``whisper.decode``'s, whisper's own 1.12x: a product timed alone is not the product in a
+    pass. Sets the choice for this process."""
     if (next(model.parameters()).device.type != "cpu" or compute_type_of(model) != "float32"
             or os.environ.get(ROUTES_ENV, "measure") == "whisper"):
         return False
     shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
     shapes.add(tuple(model.decoder.token_embedding.weight.shape))
     costs = routes_table().costs(routes_job_name(model.dims), lambda: _time_routes(model, shapes))
-    measured = costs["measured"] * TIE < costs["whisper"]
+    measured = choose_routes(costs) == "measured"
     whispers_route_for(shapes, not measured)
     return measured
+
+
+def choose_routes(costs: Dict[str, float]) -> str:
+    """From the float32 routes job's costs ("measured", "whisper" -> time): "measured" only where it is
+    TIE faster, else whisper's own product."""
+    return "measured" if costs["measured"] * TIE < costs["whisper"] else "whisper"
 
 
 def _time_routes(model: torch.nn.Module, shapes) -> Dict[str, float]:
@@ -130,7 +140,7 @@ def _time_routes(model: torch.nn.Module, shapes) -> Dict[str, float]:
              "timing clip's window, once for this machine")
     with torch.inference_mode():
         features = model.encoder(timing_clip.window_mel(model.dims.n_mels)[None])[0]
-    options = MedusaDecodingOptions(language="en", fp16=False, mode="off")
+    options = MedusaDecodingOptions(language="en", fp16=False, mode="off", sample_len=ROUTES_JOB_TOKENS)
 
     def timer(whispers: bool):
         def run() -> float:
@@ -140,7 +150,7 @@ def _time_routes(model: torch.nn.Module, shapes) -> Dict[str, float]:
             return (time.perf_counter() - start) * 1e6
         return run
     costs = fastest_of({"measured": timer(False), "whisper": timer(True)})
-    verdict = "measured" if costs["measured"] * TIE < costs["whisper"] else "whisper"
+    verdict = choose_routes(costs)
     announce(f"float32 decoder timed in {time.perf_counter() - began:.0f} s: measured routes "
              f"{costs['measured'] / 1e6:.2f} s, whisper's {costs['whisper'] / 1e6:.2f} s a window -> {verdict}")
     return costs
@@ -191,6 +201,9 @@ def describe(model_name: str, choices: Dict[str, dict]) -> List[str]:
             skipped = f" ({', '.join(left)} not timed whole: its product was over {encoder_form.SHORTLIST}x the fastest)" \
                 if left else ""
             lines.append(f"  {name}: {timed} a window{skipped} -> {encoder_form.choose(costs)}")
+        elif name.startswith("float32 routes job "):
+            lines.append(f"  {name}: measured routes {costs['measured'] / 1e6:.2f} s, whisper's "
+                         f"{costs['whisper'] / 1e6:.2f} s ({ROUTES_JOB_TOKENS} tokens) -> {choose_routes(costs)}")
         elif name == job_name(model_name):
             timed = ", ".join(f"{t} {us / 1e6:.2f} s" for t, us in costs.items())
             lines.append(f"  compute type for {model_name} (auto): {timed} a {timing_clip.seconds():.0f}-s window "

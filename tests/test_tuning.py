@@ -216,8 +216,8 @@ def test_the_float32_decoder_keeps_the_measured_routes_only_where_its_job_finds_
             table.choices[name] = {"route": "", "us": {"measured": measured, "whisper": whispers}}
             assert tuning.float32_routes(model) is kept
             assert (tuple(weight.shape) in routes._JOB_SAYS_WHISPER) is not kept
-            if not kept:
-                assert routes.route_for("linear", weight, 4) == routes.WHISPER_ROUTE
+            if not kept:  # for one row; more rows keep the measured routes, which the job did not time
+                assert routes.route_for("linear", weight, 1) == routes.WHISPER_ROUTE
     finally:
         routes.whispers_route_for([tuple(weight.shape), tuple(model.decoder.token_embedding.weight.shape)], False)
 

@@ -471,12 +471,16 @@ def fastest_of(runs: Dict[str, Callable[[], float]], rounds: int = JOB_ROUNDS) -
 
 
 # float32 weight shapes (n_out, n_in) whose job found the measured routes slower than whisper's own
-# product (tuning.float32_routes): route_for takes whisper's route for them
+# product for one-row passes (tuning.float32_routes): route_for takes whisper's route for one row of
+# them. Passes of more rows (verification, batches) keep the measured routes: the job did not time
+# them, and one by one they differ by 2-3x (W @ x.T for 4 rows of 512 x 2048: 278 against 843 us on
+# the AVX2 EPYC of family 23), where one row differed by 1.2-1.4x
 _JOB_SAYS_WHISPER: set = set()
 
 
 def whispers_route_for(shapes: Iterable[Tuple[int, int]], whispers: bool) -> None:
-    """Take whisper's route for these weight shapes (``whispers``), or the measured ones, as a job decided."""
+    """Take whisper's route for one row of these weight shapes (``whispers``), or the measured one, as a
+    job decided."""
     for shape in shapes:
         (_JOB_SAYS_WHISPER.add if whispers else _JOB_SAYS_WHISPER.discard)(tuple(shape))
 
@@ -484,6 +488,7 @@ def whispers_route_for(shapes: Iterable[Tuple[int, int]], whispers: bool) -> Non
 def route_for(kind: str, weight: Tensor, rows: int) -> str:
     """The route for multiplying ``rows`` rows by ``weight`` (kind "linear" or "projection")."""
     if (weight.device.type != "cpu" or not 1 <= rows <= MAX_MEASURED_ROWS or weight.dtype != torch.float32
-            or os.environ.get(ROUTES_ENV, "measure") == "whisper" or tuple(weight.shape) in _JOB_SAYS_WHISPER):
+            or os.environ.get(ROUTES_ENV, "measure") == "whisper"
+            or (rows == 1 and tuple(weight.shape) in _JOB_SAYS_WHISPER)):
         return WHISPER_ROUTE
     return table().choose((kind, weight.shape[0], weight.shape[1], "float32"), rows)

@@ -7,8 +7,8 @@ Writes ``docs/kinds/<kind>.json``:
 - ``cpu``: the identity (vendor, family, model, model name, the ISA features that decide kernels,
   cores, last-level cache); ``torch``, ``threads``, ``model``, ``commit``, ``measured``;
 - ``calibration``: what the package's own job timings measured here, from a fresh cache (the
-  timing clip's window at each compute type, the int8 encoder's forms, the batch width's job), as
-  ``tuning.tune`` times them, each with the choice it makes;
+  timing clip's window at each compute type, the int8 encoder's forms, float32's routes, the batch
+  width's job), as ``tuning.tune`` times them, each with the choice it makes;
 - ``jobs`` and ``fastest`` (from ``--jobs``, a JSON written from the benches run on the same machine):
   each candidate's time on the real jobs (seconds, or any unit shared within a decision) and which
   was fastest there; ``rows``: the issue's rows measured (free-form).
@@ -79,6 +79,8 @@ def calibration(model_name: str) -> Dict[str, Dict[str, object]]:
                 found["int8 encoder form"] = {"us": costs, "chosen": encoder_form.choose(costs)}
             elif name == tuning.job_name(model_name):
                 found["compute type"] = {"us": costs, "chosen": tuning.choose(costs)}
+            elif name == tuning.routes_job_name(model.dims):
+                found["float32 routes"] = {"us": costs, "chosen": tuning.choose_routes(costs)}
             elif name.startswith(batch_job_prefix()):
                 found["batch width"] = {"us": costs, "chosen": choose_batch_size({int(k): v for k, v in costs.items()})}
     return found
