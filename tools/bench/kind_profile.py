@@ -11,7 +11,8 @@ Writes ``docs/kinds/<kind>.json``:
   width's job), as ``tuning.tune`` times them, each with the choice it makes;
 - ``jobs`` and ``fastest`` (from ``--jobs``, a JSON written from the benches run on the same machine):
   each candidate's time on the real jobs (seconds, or any unit shared within a decision) and which
-  was fastest there; ``rows``: the issue's rows measured (free-form).
+  was fastest there; ``rows``: the issue's rows measured (free-form), ``ratios`` the numeric ones
+  (target, before, after), which ``--plot`` draws.
 
 ``tests/test_kinds.py`` replays every file: the package's choice rules, given a kind's job times,
 must choose what measured fastest there, and where the file holds the calibration's own timings,
@@ -86,6 +87,28 @@ def calibration(model_name: str) -> Dict[str, Dict[str, object]]:
     return found
 
 
+def plot(profile: dict, out: Path) -> None:
+    """The kind's ``ratios`` (row -> target, before, after) as bars beside their targets."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = profile["ratios"]
+    names = list(rows)
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(names) + 1.2))
+    y = range(len(names))
+    ax.barh([i + 0.2 for i in y], [rows[n]["before"] for n in names], height=0.4, label="before", color="#bbbbbb")
+    ax.barh([i - 0.2 for i in y], [rows[n]["after"] for n in names], height=0.4, label="after", color="#3b75af")
+    ax.scatter([rows[n]["target"] for n in names], list(y), marker="|", s=400, color="#c0392b", label="target", zorder=3)
+    ax.set_yticks(list(y), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("ratio (higher is faster)")
+    ax.set_title(f"{profile['kind']}: {profile['model']}, {profile['threads']} threads")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", required=True, help="the file's name, e.g. epyc-avx2-family23")
@@ -94,7 +117,13 @@ def main() -> int:
     parser.add_argument("--jobs", type=Path, default=None,
                         help="JSON with 'jobs', 'fastest' and 'rows' from this machine's benches")
     parser.add_argument("--out", type=Path, default=None, help=f"default: {KINDS}/<kind>.json")
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                        help="only draw the kind's file's ratios (before, after, target) into PNG")
     args = parser.parse_args()
+    if args.plot is not None:
+        plot(json.loads((args.out or KINDS / f"{args.kind}.json").read_text(encoding="utf-8")), args.plot)
+        print(f"wrote {args.plot}")
+        return 0
     torch.set_num_threads(args.threads)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
