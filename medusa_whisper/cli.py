@@ -161,7 +161,8 @@ def _add_draft_arguments(parser: argparse.ArgumentParser) -> None:
                             "Medusa heads); its tokenizer may differ (e.g. tiny.en for base)")
     group.add_argument("--draft-tokens", type=_positive_int, default=SPECULATIVE_DEFAULTS["draft_tokens"], metavar="K",
                        help="draft tokens per step, at most (default: 5; an EAGLE chain on the CPU: the length "
-                            "that makes a token cheapest on this machine, from the head's measured acceptance)")
+                            "that makes a token cheapest on this machine, from the head's measured acceptance; "
+                            "a --draft model: the length its measured costs make cheapest, 0 where none pays)")
     group.add_argument("--adaptive-lookahead", action="store_true",
                        help="grow K after well-accepted steps and shrink it after poor ones, up to --draft-tokens")
     group.add_argument("--tree-width", type=_positive_int, default=SPECULATIVE_DEFAULTS["tree_width"], metavar="W",

@@ -10,6 +10,7 @@ from whisper.decoding import DecodingOptions
 
 import medusa_whisper
 from medusa_whisper import MedusaConfig, decode
+from medusa_whisper.options import DRAFT_TOKENS
 from medusa_whisper.checkpoints import weights
 from medusa_whisper.cli import main
 from medusa_whisper.step.compute import (ComputeTypeError, HalfLinear, Int8Linear, apply_compute_type,
@@ -174,7 +175,7 @@ def _check_lossless(base, compute_type, clips):
         greedy = decode(plain, mel, GREEDY, mode="off")
         assert len(greedy.tokens) > 5, f"{clip.name}: the clip should hold speech"
         for name, (model, draft) in speculative.items():
-            result = decode(model, mel, GREEDY, mode="lossless", draft=draft)
+            result = decode(model, mel, GREEDY, mode="lossless", draft=draft, draft_tokens=DRAFT_TOKENS)
             assert result.tokens == greedy.tokens, f"{clip.name}, {compute_type}: {name}"
             assert result.avg_logprob == pytest.approx(greedy.avg_logprob, abs=1e-4)
             if draft is not None:  # the self draft's proposals are all right: many rows verified per pass
@@ -448,5 +449,6 @@ def test_a_long_prompt_is_one_pass_of_the_many_rows_kernels_and_speculation_stil
     assert set(rows_seen) == {1500, prompt_rows}, "a step's few rows stay with the row-invariant kernel"
     assert not together.together()
     for name, (model, draft) in speculative.items():
-        assert decode(model, mel, options, mode="lossless", draft=draft).tokens == greedy.tokens, name
+        assert decode(model, mel, options, mode="lossless", draft=draft, draft_tokens=DRAFT_TOKENS).tokens == \
+            greedy.tokens, name
     assert set(rows_seen) == {1500, prompt_rows}, "verification passes stay with the row-invariant kernel"

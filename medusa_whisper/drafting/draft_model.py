@@ -16,8 +16,9 @@ multilingual model, or versions with different special tokens) a ``TokenMapping`
 Seed 004 keeps only the first token of a multi-token mapping and maps special tokens through text;
 both lose proposals. The main model's verification keeps the output exact whatever the mapping does.
 
-**Adaptive lookahead** (seed 004, eq. 6): K grows by one after a step whose acceptance rate is
-above 0.8 and shrinks by one below 0.3, within [1, max].
+**Lookahead.** Where K is not given, it is the chain the measured costs choose (``lookahead.py``);
+with ``adaptive_lookahead`` (seed 004, eq. 6) K grows by one after a step whose acceptance rate is
+above 0.8 and shrinks by one below 0.3, within [1, max]; else it is the given K.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from whisper.tokenizer import Tokenizer
 from ..step.cpu import cpu_step
 from ..step.attention import chain_mask
 from .base import Committed, Proposer
+from .draft_audio import encode_content
+from .lookahead import Lookahead
 from .tree import CandidateTree
 
 # seed 004's thresholds for growing and shrinking the lookahead
@@ -135,12 +138,20 @@ def tokenizer_key(model) -> Tuple[bool, int]:
 class Drafter(Proposer):
     """The draft model's side of one decoding: its encoder output, cache, and proposals.
 
-    It works in its own token ids; ``to_main`` and ``to_draft`` translate at the boundary.
+    It works in its own token ids; ``to_main`` and ``to_draft`` translate at the boundary. It encodes
+    the window's audio only (``draft_audio``). With a ``Lookahead`` it proposes the chain the measured
+    costs choose, and rests (no encoder pass, no proposals) where none pays on this machine; an
+    English-only draft rests for other languages.
     """
 
     def __init__(self, draft, draft_mel: Tensor, main_task: DecodingTask, language: str,
-                 max_tokens: int, adaptive: bool):
+                 max_tokens: int, adaptive: bool, measured: Optional[Lookahead] = None):
         super().__init__()
+        self.measured = measured
+        self.resting = (measured is not None and measured.tokens() == 0) or (
+            not draft.is_multilingual and language not in (None, "en"))
+        if self.resting:
+            return
         with self._timed():  # its encoder pass is part of what drafting costs
             self.model = draft
             self.to_main = token_mapping(tokenizer_key(draft), tokenizer_key(main_task.model))
@@ -155,7 +166,7 @@ class Drafter(Proposer):
             self.eot = task.tokenizer.eot
             self.max_tokens, self.adaptive = max_tokens, adaptive
             self.lookahead = max_tokens
-            features = task._get_audio_features(draft_mel)  # (1, n_audio_ctx, n_audio_state)
+            features = self._features(draft, draft_mel, options)  # (1, positions, n_audio_state)
             self.step = cpu_step(draft, 1, features.dtype, features.device)
             self.step.set_audio(features)
             self.length = 0  # slots of the step's cache that hold kept tokens
@@ -166,6 +177,15 @@ class Drafter(Proposer):
             self.drafted: List[int] = []  # this step's draft tokens
             self.mapped_lengths: List[int] = []  # how many main tokens each of them became
 
+    @staticmethod
+    def _features(draft, draft_mel: Tensor, options) -> Tensor:
+        """The draft's encoder output over the window's audio, or ``draft_mel`` where it is one already."""
+        if draft_mel.shape[-1] == draft.dims.n_audio_state:
+            return draft_mel
+        if options.fp16 and draft_mel.device.type == "cuda":
+            draft_mel = draft_mel.half()
+        return encode_content(draft, draft_mel)
+
     def _translated(self, tokens):
         if tokens is None or isinstance(tokens, str):
             return tokens
@@ -173,7 +193,13 @@ class Drafter(Proposer):
 
     def _propose(self) -> CandidateTree:
         """Up to K draft tokens, greedily, as main-model token ids (a draft token may give several)."""
-        k = min(self.lookahead, self.n_ctx - self.length - len(self.pending))
+        if self.resting:
+            return CandidateTree()
+        wanted = self.lookahead if self.measured is None else self.measured.tokens()
+        if wanted == 0:  # at the acceptance this window has shown, no chain pays: decode plainly from here
+            self.resting = True
+            return CandidateTree()
+        k = min(wanted, self.n_ctx - self.length - len(self.pending))
         self.drafted, self.mapped_lengths = [], []
         self.context_length = self.length
         if k <= 0 or not self.pending:
@@ -203,8 +229,12 @@ class Drafter(Proposer):
 
     def _commit(self, committed: Committed) -> None:
         """The main model kept its accepted candidates, then its own token: roll back to match."""
+        if self.resting:
+            return
         kept = committed.accepted + [committed.next_token]
         n_accepted, n_proposed = committed.n_accepted, committed.n_proposed
+        if self.measured is not None and n_proposed:
+            self.measured.record(n_proposed, n_accepted)
         # draft tokens whose every main token was accepted stay
         whole, covered = 0, 0
         for length in self.mapped_lengths:

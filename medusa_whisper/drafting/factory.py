@@ -38,7 +38,8 @@ from .device.eagle import DeviceEagle
 from .device.hosted import Hosted
 from .device.medusa import DeviceMedusa
 from .device.union import DeviceUnion
-from .pass_costs import chosen_chain_depth
+from .lookahead import MAX_TOKENS, Lookahead
+from .pass_costs import chosen_chain_depth, draft_model_costs
 from ..options import DRAFT_TOKENS, MedusaDecodingOptions
 from .union import UnionProposer
 
@@ -58,7 +59,11 @@ def make_proposer(model, audio_features: Tensor, language: str, options: MedusaD
     if options.mode == "off":
         return None
     if draft is not None:
-        return Drafter(draft, draft_mel, task, language, options.draft_tokens or DRAFT_TOKENS, options.adaptive_lookahead)
+        measured = None
+        if options.draft_tokens is None and not options.adaptive_lookahead:
+            measured = Lookahead(*draft_model_costs(model, draft, MAX_TOKENS))
+        return Drafter(draft, draft_mel, task, language, options.draft_tokens or DRAFT_TOKENS,
+                       options.adaptive_lookahead, measured)
     head = getattr(model, "draft_head", None)
     heads = getattr(model, "medusa", None)
     if head is None and (heads is None or in_pass is None):

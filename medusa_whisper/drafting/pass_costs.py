@@ -139,3 +139,28 @@ def measure_chains(model, head, depths: Tuple[int, ...]) -> Tuple[Tuple[float, .
     one = best[("pass", 1)]
     return (tuple(round(best[("pass", 1 + d)] / one, 3) for d in depths),
             tuple(round(best[("chain", d)] / one, 3) for d in depths))
+
+
+def draft_model_costs(model, draft, depths: int) -> Tuple[Tuple[float, ...], float]:
+    """The main model's pass over 1 + d rows for d = 1 .. ``depths`` and one step of the draft model
+    (attending over half a window's positions: the draft encodes the audio only, draft_audio.py), in
+    the main model's one-row passes; measured once per pair of models and compute types."""
+    memo = model.decoder.__dict__.setdefault(_MEMO, {})
+    key = (compute_type_of(model), "draft model", compute_type_of(draft), tuple(vars(draft.dims).values()), depths)
+    if key not in memo:
+        memo[key] = _measure_draft_model(model, draft, depths)
+    return memo[key]
+
+
+@torch.no_grad()
+def _measure_draft_model(model, draft, depths: int) -> Tuple[Tuple[float, ...], float]:
+    def zeros(m, positions: int) -> Tensor:
+        return torch.zeros(1, positions, m.dims.n_audio_state, device=m.decoder.positional_embedding.device)
+
+    step, _ = _context_step(model, zeros(model, model.dims.n_audio_ctx))
+    draft_step, _ = _context_step(draft, zeros(draft, draft.dims.n_audio_ctx // 2))
+    runs = {n: _pass(step, n) for n in range(1, depths + 2)}
+    runs["draft"] = _pass(draft_step, 1)
+    best = _fastest(runs, step.device)
+    one = best[1]
+    return tuple(round(best[1 + d] / one, 3) for d in range(1, depths + 1)), round(best["draft"] / one, 3)

@@ -13,10 +13,16 @@ encoder's output, so only the decoders differ. ``step=fixed`` (or ``eager``) amo
 decodes it on that step (``MEDUSA_WHISPER_STEP``): on the fixed-shape step, the proposers that
 draft inside the pass (``drafting.device``) take the place of the host's. ``chunk=N`` makes a CTC
 head draft N tokens every pass (its ``fixed_chunk``), as flat pass costs (a GPU's) would choose.
+``draft=NAME[@TYPE]`` decodes with that draft model proposing (its own encoder pass over the window's
+audio is part of the system's decoder time), e.g. ``base@int8:draft=tiny.en@int8`` beside
+``base@int8:off``; ``draft_tokens=K`` fixes its lookahead, which is otherwise chosen from the costs
+measured here (``drafting/lookahead.py``).
 
 All systems must share one base model (their heads differ). Reports, per system: tokens per decoder
-pass, the share of passes whose depth-d candidate was accepted, identical output to whisper.decode,
-decoder time against whisper.decode's (the ratio of summed seconds) and the proposer's share.
+pass, the share of passes whose depth-d candidate was accepted, identical output to whisper.decode
+and to the same model's ``:off`` system where there is one (lossless at its compute type), decoder
+time against whisper.decode's and against that ``:off`` (ratios of summed seconds), and the
+proposer's share.
 """
 
 from __future__ import annotations
@@ -100,9 +106,14 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     systems = [parse_system(s) for s in args.systems]
-    models = {name: medusa_whisper.load_model(name.partition("@")[0], device="cpu",
-                                              compute_type=name.partition("@")[2] or "float32")
-              for name, _ in systems}
+    def load(name: str):
+        return medusa_whisper.load_model(name.partition("@")[0], device="cpu",
+                                         compute_type=name.partition("@")[2] or "float32")
+
+    models = {name: load(name) for name, _ in systems}
+    drafts = {options["draft"]: load(options["draft"]) for _, options in systems if "draft" in options}
+    # the system whose tokens and time each system is held against: its model's :off, where given
+    plain = {name: text for text, (name, options) in zip(args.systems, systems) if options.get("mode") == "off"}
     # whisper.decode and the encoder run on a float32 model (a system's, or the plain base model), so
     # that a report of int8 systems alone still compares them with float32 whisper.decode
     base = next((models[name] for name, _ in systems if name.partition("@")[2] in ("", "float32")), None)
@@ -111,14 +122,23 @@ def main() -> None:
         base = medusa_whisper.load_model(split_medusa_name(first) or first, device="cpu")
     records = _real_records(args.real, args.clips)
     common = dict(language="en", fp16=False, without_timestamps=not args.timestamps)
-    totals = {text: dict(tokens=0, steps=0, same=0, seconds=0.0, draft=0.0, proposed=0, accepted=[])
+    totals = {text: dict(tokens=0, steps=0, same=0, same_as_off=0, seconds=0.0, draft=0.0, proposed=0, accepted=[])
               for text in args.systems}
+
+    def with_draft(options: Dict, audio_mel) -> Dict:
+        """The system's decode options, with its draft model and that model's log-Mel of the window."""
+        options = dict(options)
+        name = options.pop("draft", None)
+        if name is not None:
+            draft = drafts[name]
+            options.update(draft=draft, draft_mel=audio_mel(draft.dims.n_mels))
+        return options
     vanilla_seconds, audio_seconds = 0.0, 0.0
     with torch.no_grad():  # warm-up, not counted
         warm = base.embed_audio(torch.zeros(1, base.dims.n_mels, 3000))[0]
         whisper.decode(base, warm, whisper.DecodingOptions(**common))
         for text, (name, options) in zip(args.systems, systems):
-            options = dict(options)
+            options = with_draft(options, lambda n_mels: torch.zeros(n_mels, 3000))
             with on_step(options.pop("step", None)), ctc_chunk(models[name], options.pop("chunk", None)):
                 medusa_whisper.decode(models[name], warm, **common, **options)
     for record in tqdm(records, desc="clips", unit="clip"):
@@ -130,8 +150,11 @@ def main() -> None:
         began = time.perf_counter()
         vanilla = whisper.decode(base, features, whisper.DecodingOptions(**common))
         vanilla_seconds += time.perf_counter() - began
+        padded = whisper.pad_or_trim(torch.from_numpy(audio))
+        tokens = {}
         for text, (name, options) in zip(args.systems, systems):
-            options = dict(options)
+            options = with_draft(options, lambda n_mels: mel if n_mels == mel.shape[0] else
+                                 whisper.log_mel_spectrogram(padded, n_mels))
             began = time.perf_counter()
             with on_step(options.pop("step", None)), ctc_chunk(models[name], options.pop("chunk", None)):
                 r = medusa_whisper.decode(models[name], features, **common, **options)
@@ -140,15 +163,19 @@ def main() -> None:
             row["tokens"] += r.tokens_produced
             row["steps"] += r.decoder_steps
             row["same"] += r.tokens == vanilla.tokens
+            tokens[text] = r.tokens
             row["draft"] += r.draft_seconds
             row["proposed"] += r.draft_proposed
             accepted = row["accepted"]
             accepted.extend([0] * (len(r.accepted_per_head) - len(accepted)))
             for d, a in enumerate(r.accepted_per_head):
                 accepted[d] += a
+        for text, (name, _) in zip(args.systems, systems):
+            if name in plain:
+                totals[text]["same_as_off"] += tokens[text] == tokens[plain[name]]
 
     results: List[dict] = []
-    for text in args.systems:
+    for text, (name, _) in zip(args.systems, systems):
         row = totals[text]
         results.append(dict(
             system=text, clips=len(records), tokens_per_step=round(row["tokens"] / row["steps"], 3),
@@ -156,6 +183,8 @@ def main() -> None:
             proposed_per_step=round(row["proposed"] / row["steps"], 2),
             identical_to_vanilla=round(row["same"] / len(records), 3),
             decoder_speedup=round(vanilla_seconds / row["seconds"], 3),
+            identical_to_off=round(row["same_as_off"] / len(records), 3) if name in plain else None,
+            speedup_vs_off=round(totals[plain[name]]["seconds"] / row["seconds"], 3) if name in plain else None,
             decoder_seconds=round(row["seconds"], 2), draft_seconds=round(row["draft"], 2)))
     info = dict(real=str(args.real), clips=len(records), audio_seconds=round(audio_seconds, 1),
                 timestamps=args.timestamps, threads=args.threads, torch=torch.__version__,
@@ -165,11 +194,17 @@ def main() -> None:
     lines = [f"{len(records)} real recordings ({audio_seconds:.0f} s, {'with' if args.timestamps else 'without'} "
              f"timestamps), {args.threads} threads; whisper.decode's decoder: {vanilla_seconds:.2f} s; "
              f"load average {info['load_average'][0]:.1f}", "",
-             "| system | tokens/pass | candidates/pass | identical | decoder speedup vs whisper.decode | decoder s (proposer) | accepted at depth 1, 2, ... |",
-             "|---|---|---|---|---|---|---|"]
+             "| system | tokens/pass | candidates/pass | identical | same as its :off | decoder speedup vs whisper.decode | vs its :off | decoder s (proposer) | accepted at depth 1, 2, ... |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def share(value) -> str:
+        return "-" if value is None else f"{value:.0%}"
+
     for r in results:
+        against_off = "-" if r["speedup_vs_off"] is None else f"{r['speedup_vs_off']:.2f}x"
         lines.append(f"| {r['system']} | {r['tokens_per_step']:.2f} | {r['proposed_per_step']:.1f} | "
-                     f"{r['identical_to_vanilla']:.0%} | {r['decoder_speedup']:.2f}x | {r['decoder_seconds']:.2f} "
+                     f"{r['identical_to_vanilla']:.0%} | {share(r['identical_to_off'])} | {r['decoder_speedup']:.2f}x | "
+                     f"{against_off} | {r['decoder_seconds']:.2f} "
                      f"({r['draft_seconds']:.2f}) | {' '.join(f'{a:.2f}' for a in r['accepted_at_depth'])} |")
     text = "\n".join(lines)
     Path(f"{args.out}.md").write_text(text + "\n")
