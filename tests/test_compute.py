@@ -10,6 +10,7 @@ from whisper.decoding import DecodingOptions
 
 import medusa_whisper
 from medusa_whisper import MedusaConfig, decode
+from medusa_whisper.drafting.draft_audio import content_positions
 from medusa_whisper.options import DRAFT_TOKENS
 from medusa_whisper.checkpoints import weights
 from medusa_whisper.cli import main
@@ -451,4 +452,6 @@ def test_a_long_prompt_is_one_pass_of_the_many_rows_kernels_and_speculation_stil
     for name, (model, draft) in speculative.items():
         assert decode(model, mel, options, mode="lossless", draft=draft, draft_tokens=DRAFT_TOKENS).tokens == \
             greedy.tokens, name
-    assert set(rows_seen) == {1500, prompt_rows}, "verification passes stay with the row-invariant kernel"
+    # besides those, the self draft's cross-attention keys and values over the clip's audio only (draft_audio.py)
+    draft_keys = content_positions(mel, plain.dims.n_audio_ctx)
+    assert set(rows_seen) == {1500, prompt_rows, draft_keys}, "verification passes stay with the row-invariant kernel"
