@@ -682,13 +682,13 @@ INT8_FILES_BATCH = 8
 
 
 def files_batch(args: argparse.Namespace, n_files: int, model=None) -> int:
-    from .step.compute import compute_type_of
-
     """How many files' windows share a pass: --batch-size; else, for several files at int8 (where a
     batched file's outputs are byte-identical to its own), the size ``batches.default_batch_size``
     measures on this machine for ``model`` (INT8_FILES_BATCH without a model); else 1. float32
     batches only when asked: its products are not row-invariant, so a batched file may differ from
     the file alone in a logit's last bits."""
+    from .step.compute import compute_type_of
+
     if args.batch_size is not None:
         return args.batch_size
     compute_type = args.compute_type if model is None else compute_type_of(model)

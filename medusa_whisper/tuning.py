@@ -100,10 +100,11 @@ def window_seconds(model: torch.nn.Module, mel: torch.Tensor) -> float:
 
 
 ROUTES_JOB_TOKENS = 48  # a token's cost is what the routes change: half the window's text tells it
+ROUTES_JOB_PREFIX = "float32 routes job "  # how the choice's name begins in the routes table
 
 
 def routes_job_name(dims) -> str:
-    return f"float32 routes job {dims.n_text_layer}x{dims.n_text_state} vocab {dims.n_vocab}"
+    return f"{ROUTES_JOB_PREFIX}{dims.n_text_layer}x{dims.n_text_state} vocab {dims.n_vocab}"
 
 
 def float32_routes(model: torch.nn.Module) -> bool:
@@ -162,22 +163,20 @@ def _bfloat16_shortlisted(loaded: Dict[str, torch.nn.Module]) -> bool:
     model = loaded.get("int8") or loaded.get("float32")
     if model is None:
         return True
-    from .step.compute import _timed_form
+    from .step.compute import int8_encoder_costs
 
-    costs = routes_table().costs(encoder_form.name(model.dims), lambda: encoder_form.measure(model.dims, _timed_form))
-    products = {k: v for k, v in costs.items() if k.startswith("product ")}
-    return products.get("product bfloat16", 0.0) <= encoder_form.SHORTLIST * min(products.values())
+    return "bfloat16" in encoder_form.shortlisted(int8_encoder_costs(model.dims))
 
 
 def tune(model_name: str, device: torch.device, load: Loader, kernels: bool = False) -> Tuple[torch.nn.Module, List[str]]:
     """Time this machine's job choices for ``model_name`` again (all kernel choices too with
     ``kernels``); the fastest model and the lines that say what was measured and chosen."""
-    from .decoding.batches import batch_job_prefix, default_batch_size, measured_batch_sizes
+    from .decoding.batches import BATCH_JOB_PREFIX, default_batch_size, measured_batch_sizes
 
     table = routes_table()
     if kernels:
         table.forget("")
-    for prefix in ("int8 encoder form ", job_name(model_name), batch_job_prefix(), "float32 routes job "):
+    for prefix in (encoder_form.PREFIX, job_name(model_name), BATCH_JOB_PREFIX, ROUTES_JOB_PREFIX):
         table.forget(prefix)
     model = fastest(model_name, device, load)
     if compute_type_of(model) == "int8":
@@ -194,14 +193,14 @@ def describe(model_name: str, choices: Dict[str, dict]) -> List[str]:
     lines = []
     for name, entry in sorted(choices.items()):
         costs = entry.get("us", {})
-        if name.startswith("int8 encoder form "):
+        if name.startswith(encoder_form.PREFIX):
             whole = {k[len("encoder "):]: v for k, v in costs.items() if k.startswith("encoder ")}
-            left = [k[len("product "):] for k in costs if k.startswith("product ") and k[len("product "):] not in whole]
+            left = [form for form in encoder_form.FORMS if f"product {form}" in costs and form not in whole]
             timed = ", ".join(f"{form} {us / 1e6:.2f} s" for form, us in whole.items())
             skipped = f" ({', '.join(left)} not timed whole: its product was over {encoder_form.SHORTLIST}x the fastest)" \
                 if left else ""
             lines.append(f"  {name}: {timed} a window{skipped} -> {encoder_form.choose(costs)}")
-        elif name.startswith("float32 routes job "):
+        elif name.startswith(ROUTES_JOB_PREFIX):
             lines.append(f"  {name}: measured routes {costs['measured'] / 1e6:.2f} s, whisper's "
                          f"{costs['whisper'] / 1e6:.2f} s ({ROUTES_JOB_TOKENS} tokens) -> {choose_routes(costs)}")
         elif name == job_name(model_name):

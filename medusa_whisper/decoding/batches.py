@@ -146,9 +146,12 @@ NEAR_BEST = 1.05  # of the sizes whose token costs at most this much over the ch
 GAIN = 1.10  # and only where a token then costs at least this much less than decoded alone
 
 
+BATCH_JOB_PREFIX = "batched job "  # how the batch-size choices' names begin in the routes table
+
+
 def batch_job_name(model: Whisper, sizes: Sequence[int] = BATCH_SIZES) -> str:
     dims = model.dims
-    return (f"{batch_job_prefix()}{compute_type_of(model)} {dims.n_text_layer}x{dims.n_text_state} "
+    return (f"{BATCH_JOB_PREFIX}{compute_type_of(model)} {dims.n_text_layer}x{dims.n_text_state} "
             f"vocab {dims.n_vocab} sizes {','.join(map(str, sizes))}")
 
 
@@ -206,11 +209,6 @@ def default_batch_size(model: Whisper, sizes: Optional[Sequence[int]] = None) ->
     return choose_batch_size(token_costs(model, sizes or BATCH_SIZES))
 
 
-def batch_job_prefix() -> str:
-    """How the batch-size choices' names begin in the routes table."""
-    return "batched job "
-
-
 def measured_choices() -> List[str]:
     """What this machine measured and chose, for a bench to print: the kernel routes and kernels
     (routes.py) and, for each model measured batched, the default batch size."""
@@ -220,12 +218,11 @@ def measured_choices() -> List[str]:
 def measured_batch_sizes() -> List[str]:
     """For each model measured batched here: the default batch size and the token costs it came from."""
     lines = []
-    prefix = batch_job_prefix()
     for name, entry in sorted(routes_table().choices.items()):
-        if name.startswith(prefix):
+        if name.startswith(BATCH_JOB_PREFIX):
             costs = {int(k): v for k, v in entry["us"].items()}
             timed = ", ".join(f"{size}: {us / 1e3:.1f} ms" for size, us in sorted(costs.items()))
-            lines.append(f"  default --batch-size for several files ({name[len(prefix):]}): {timed} a token "
+            lines.append(f"  default --batch-size for several files ({name[len(BATCH_JOB_PREFIX):]}): {timed} a token "
                          f"-> {choose_batch_size(costs)}")
     return lines
 

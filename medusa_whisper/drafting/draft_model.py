@@ -166,7 +166,7 @@ class Drafter(Proposer):
             self.eot = task.tokenizer.eot
             self.max_tokens, self.adaptive = max_tokens, adaptive
             self.lookahead = max_tokens
-            features = self._features(draft, draft_mel, options)  # (1, positions, n_audio_state)
+            features = self._features(draft, draft_mel)  # (1, positions, n_audio_state)
             self.step = cpu_step(draft, 1, features.dtype, features.device)
             self.step.set_audio(features)
             self.length = 0  # slots of the step's cache that hold kept tokens
@@ -178,12 +178,11 @@ class Drafter(Proposer):
             self.mapped_lengths: List[int] = []  # how many main tokens each of them became
 
     @staticmethod
-    def _features(draft, draft_mel: Tensor, options) -> Tensor:
-        """The draft's encoder output over the window's audio, or ``draft_mel`` where it is one already."""
+    def _features(draft, draft_mel: Tensor) -> Tensor:
+        """The draft's encoder output over the window's audio (in the encoder's own dtype), or
+        ``draft_mel`` where it is one already."""
         if draft_mel.shape[-1] == draft.dims.n_audio_state:
             return draft_mel
-        if options.fp16 and draft_mel.device.type == "cuda":
-            draft_mel = draft_mel.half()
         return encode_content(draft, draft_mel)
 
     def _translated(self, tokens):

@@ -33,14 +33,10 @@ class Lookahead:
 
     def __init__(self, pass_costs: Sequence[float], step_cost: float):
         self.pass_costs = tuple(pass_costs)
-        self.step_cost = step_cost
         depths = len(self.pass_costs)
+        self.draft_costs = tuple(d * step_cost for d in range(1, depths + 1))  # a chain of d: d draft steps
         self.reached: List[int] = [0] * depths  # passes whose chain reached depth k + 1 with depth k accepted
         self.accepted: List[int] = [0] * depths  # of which the candidate at depth k + 1 was accepted
-
-    def _depth(self, accepted_at_depth: Sequence[float]) -> int:
-        draft_costs = [d * self.step_cost for d in range(1, len(self.pass_costs) + 1)]
-        return chain_depth(accepted_at_depth, self.pass_costs, draft_costs)
 
     def tokens(self) -> int:
         """The chain length that makes a token cheapest at the acceptance seen so far (0: none pays)."""
@@ -48,7 +44,7 @@ class Lookahead:
         for reached, accepted in zip(self.reached, self.accepted):
             share *= (accepted + PRIOR * PRIOR_WEIGHT) / (reached + PRIOR_WEIGHT)
             shares.append(share)
-        return self._depth(shares)
+        return chain_depth(shares, self.pass_costs, self.draft_costs)
 
     def record(self, proposed: int, accepted: int) -> None:
         """A pass verified a chain of ``proposed`` tokens and accepted its first ``accepted``."""

@@ -440,6 +440,11 @@ def int8_encoder_form(dims) -> str:
     return encoder_form.chosen(dims, _timed_form)
 
 
+def int8_encoder_costs(dims) -> Dict[str, float]:
+    """What the int8 encoder's forms cost on this machine (encoder_form.costs), timed once."""
+    return encoder_form.costs(dims, _timed_form)
+
+
 def _convert_structure(model: nn.Module, compute_type: str, device_type: str, quantize: bool = True,
                        form: Optional[str] = None) -> None:
     """Swap the linear modules and add the projection's copy of the embedding.

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Callable, Dict, Iterable
+from typing import Callable, Dict, Iterable, List
 
 import torch
 from torch import nn
@@ -39,6 +39,7 @@ TIE = 1.05  # within this much of the fastest, the more exact form is kept
 SHORTLIST = 1.5  # a form this much slower than the fastest on one wide product is not timed whole
 
 Convert = Callable[[nn.Module, str], nn.Module]  # (module, form) -> the module with its linears in that form
+PREFIX = "int8 encoder form "  # how the choice's name begins in the routes table
 
 
 def choose(costs: Dict[str, float]) -> str:
@@ -50,12 +51,24 @@ def choose(costs: Dict[str, float]) -> str:
 
 
 def name(dims: ModelDimensions) -> str:
-    return f"int8 encoder form {dims.n_audio_layer}x{dims.n_audio_state} heads {dims.n_audio_head} mels {dims.n_mels}"
+    return f"{PREFIX}{dims.n_audio_layer}x{dims.n_audio_state} heads {dims.n_audio_head} mels {dims.n_mels}"
+
+
+def costs(dims: ModelDimensions, convert: Convert) -> Dict[str, float]:
+    """What ``measure`` timed for an int8 encoder of these dimensions on this machine (timed on first use)."""
+    return routes_table().costs(name(dims), lambda: measure(dims, convert))
 
 
 def chosen(dims: ModelDimensions, convert: Convert) -> str:
-    """The form of an int8 model's encoder of these dimensions on this machine (timed on first use)."""
-    return choose(routes_table().costs(name(dims), lambda: measure(dims, convert)))
+    """The form of an int8 model's encoder of these dimensions on this machine."""
+    return choose(costs(dims, convert))
+
+
+def shortlisted(costs: Dict[str, float]) -> List[str]:
+    """The forms whose one wide product ("product <form>") took at most SHORTLIST times the fastest's."""
+    products = {form: costs[f"product {form}"] for form in FORMS if f"product {form}" in costs}
+    fastest = min(products.values())
+    return [form for form, us in products.items() if us <= SHORTLIST * fastest]
 
 
 def measure(dims: ModelDimensions, convert: Convert, forms: Iterable[str] = FORMS) -> Dict[str, float]:
@@ -76,11 +89,9 @@ def measure(dims: ModelDimensions, convert: Convert, forms: Iterable[str] = FORM
         for form in forms:
             product = convert(nn.Sequential(copy.deepcopy(wide)), form)
             costs[f"product {form}"] = median_micros(lambda: product(rows))
-        fastest = min(costs.values())
-        shortlisted = [form for form in forms if costs[f"product {form}"] <= SHORTLIST * fastest]
         encoder = AudioEncoder(dims.n_mels, dims.n_audio_ctx, dims.n_audio_state, dims.n_audio_head,
                                dims.n_audio_layer).eval()
-        encoders = {form: convert(copy.deepcopy(encoder), form) for form in shortlisted}
+        encoders = {form: convert(copy.deepcopy(encoder), form) for form in shortlisted(costs)}
         del encoder
         mel = window_mel(dims.n_mels)[None]
 
@@ -90,7 +101,7 @@ def measure(dims: ModelDimensions, convert: Convert, forms: Iterable[str] = FORM
                 encoders[form](mel)
                 return (time.perf_counter() - start) * 1e6
             return run
-        best = fastest_of({form: timer(form) for form in shortlisted})
+        best = fastest_of({form: timer(form) for form in encoders})
     costs.update({f"encoder {form}": t for form, t in best.items()})
     window = ", ".join(f"{form} {t / 1e6:.2f} s" for form, t in best.items())
     announce(f"int8 encoder timed in {time.perf_counter() - began:.1f} s: {window} a window -> {choose(costs)}")

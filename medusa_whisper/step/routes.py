@@ -489,6 +489,6 @@ def route_for(kind: str, weight: Tensor, rows: int) -> str:
     """The route for multiplying ``rows`` rows by ``weight`` (kind "linear" or "projection")."""
     if (weight.device.type != "cpu" or not 1 <= rows <= MAX_MEASURED_ROWS or weight.dtype != torch.float32
             or os.environ.get(ROUTES_ENV, "measure") == "whisper"
-            or (rows == 1 and tuple(weight.shape) in _JOB_SAYS_WHISPER)):
+            or (rows == 1 and weight.shape in _JOB_SAYS_WHISPER)):  # torch.Size hashes as its tuple
         return WHISPER_ROUTE
     return table().choose((kind, weight.shape[0], weight.shape[1], "float32"), rows)

@@ -64,7 +64,7 @@ def cpu_identity() -> Dict[str, object]:
 def calibration(model_name: str) -> Dict[str, Dict[str, object]]:
     """The job choices timed afresh (a cache of this run's own), as the package keeps them."""
     from medusa_whisper import load_model, tuning
-    from medusa_whisper.decoding.batches import batch_job_prefix, choose_batch_size
+    from medusa_whisper.decoding.batches import BATCH_JOB_PREFIX, choose_batch_size
     from medusa_whisper.step import encoder_form
 
     with tempfile.TemporaryDirectory() as cache:
@@ -82,7 +82,7 @@ def calibration(model_name: str) -> Dict[str, Dict[str, object]]:
                 found["compute type"] = {"us": costs, "chosen": tuning.choose(costs)}
             elif name == tuning.routes_job_name(model.dims):
                 found["float32 routes"] = {"us": costs, "chosen": tuning.choose_routes(costs)}
-            elif name.startswith(batch_job_prefix()):
+            elif name.startswith(BATCH_JOB_PREFIX):
                 found["batch width"] = {"us": costs, "chosen": choose_batch_size({int(k): v for k, v in costs.items()})}
     return found
 
