@@ -199,8 +199,8 @@ def _add_transcribe_parser(commands) -> None:
     t.add_argument("audio", nargs="*", metavar="AUDIO",
                    help="audio files, or folders searched for them (wav, flac, ogg, mp3; others through ffmpeg)")
     t.add_argument("--model", default=None, metavar="NAME|PATH",
-                   help="model name (see `medusa-whisper models`) or checkpoint path; "
-                        "default: medusa_whisper.DEFAULT_MODEL")
+                   help="model name (see `medusa-whisper models`; NAME-auto: NAME with the fastest of its "
+                        "proposers on this machine, or none) or checkpoint path; default: tiny.en-auto")
     _option(t, "--model-dir", default=None, metavar="DIR",
             help="folder of openai-whisper checkpoints (tiny.en.pt, ...): used when there, downloaded into; "
                  "default: whisper's own, ~/.cache/whisper")
@@ -328,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "regulation-start, regulation-factor): WER and CER after whisper's text "
                                         "normaliser, tokens per decoder step, times.")
     e.add_argument("--data", type=Path, required=True, metavar="CSV")
-    e.add_argument("--model", default=None, metavar="NAME|PATH", help="default: medusa_whisper.DEFAULT_MODEL")
+    e.add_argument("--model", default=None, metavar="NAME|PATH", help="default: tiny.en-auto")
     e.add_argument("--mode", choices=MODES, default=SPECULATIVE_DEFAULTS["mode"])
     e.add_argument("--num-heads", type=_positive_int, default=SPECULATIVE_DEFAULTS["num_heads"], metavar="K",
                    help="use the first K heads")
@@ -510,11 +510,13 @@ def _transcribe(args: argparse.Namespace) -> int:
         except OSError as e:
             _error(f"{args.output_dir}: cannot create output folder ({e.strerror or e})")
             return 1
-    model = medusa_whisper.load_model(args.model or medusa_whisper.DEFAULT_MODEL, device=args.device,
-                                      draft=args.draft, download_root=args.model_dir,
+    name = _model_name(args)
+    model = medusa_whisper.load_model(name, device=args.device, draft=args.draft, download_root=args.model_dir,
                                       **_compute_types(args))
     if args.compute_type == "auto" and args.verbose is True:
         _note(f"--compute-type auto: {_auto_choice(model)}")
+    if hasattr(model, "proposer_name") and args.verbose is True:
+        _note(f"{name}: {_proposer_choice(model)}")
     if not model.is_multilingual and args.language not in (None, "en"):
         _note(f"the model is English-only; transcribing as English, not {args.language!r}")
         args.language = "en"
@@ -523,6 +525,32 @@ def _transcribe(args: argparse.Namespace) -> int:
     if many:
         _write(f"{PROG}: {summary.line()}", sys.stderr)
     return 1 if summary.failed else 0
+
+
+def _model_name(args: argparse.Namespace) -> str:
+    """The model to load: the one named, or DEFAULT_MODEL. A name asking for the fastest proposer
+    (``tiny.en-auto``) loads its plain model where no proposer would run (``--mode off``, beam search,
+    sampling from the first temperature), so that nothing is timed or loaded for nothing."""
+    import medusa_whisper
+    from .tuning import auto_base
+
+    name = args.model or medusa_whisper.DEFAULT_MODEL
+    base = auto_base(name)
+    if base is not None and (args.mode == "off" or getattr(args, "beam_size", None) is not None
+                             or getattr(args, "temperature", 0) > 0):
+        return base
+    return name
+
+
+def _proposer_choice(model) -> str:
+    """What a ``-auto`` name decodes with and what it chose from, e.g. "tiny.en (this machine's timing
+    of a short and a long window: tiny.en 1.18 + 2.87 s, tiny.en-ctc 1.23 + 2.61 s, ...)"."""
+    from .tuning import describe_proposers
+
+    costs = getattr(model, "proposer_costs", {})
+    if not costs:
+        return model.proposer_name
+    return f"{model.proposer_name} (this machine's timing of a short and a long window: {describe_proposers(costs)})"
 
 
 def _auto_choice(model) -> str:
@@ -569,7 +597,7 @@ def _transcribe_on_ray(args: argparse.Namespace) -> int:
 
     ray_options = distributed.RayOptions(
         address=None if args.ray == "local" else args.ray, workers=args.workers,
-        threads_per_worker=args.threads_per_worker, model=args.model or medusa_whisper.DEFAULT_MODEL,
+        threads_per_worker=args.threads_per_worker, model=_model_name(args),
         device=args.device, draft=args.draft, download_root=args.model_dir,
         load_options=_compute_types(args),
         # each worker batches files as one machine does (--vad-chunks batches within each file instead)
@@ -740,7 +768,7 @@ def _eval(args: argparse.Namespace) -> int:
     if not rows:
         _error(f"{args.data}: no row can be evaluated")
         return 1
-    name = args.model or medusa_whisper.DEFAULT_MODEL
+    name = _model_name(args)
     model = medusa_whisper.load_model(name, device=args.device, draft=args.draft, **_compute_types(args))
     options = evaluation.EvalOptions(as_medusa_options(MedusaDecodingOptions(**speculative_options(args))),
                                      compare_vanilla=args.compare_vanilla)
@@ -794,9 +822,13 @@ def _export_ggml(args: argparse.Namespace) -> int:
 
 def _models(args: argparse.Namespace) -> int:
     from .checkpoints import weights
+    from .loading import DEFAULT_MODEL
 
     rows = [[row["name"], row["kind"], _present(row), str(row["source"])] for row in weights.model_table()]
     print(format_table(["NAME", "KIND", "PRESENT", "SOURCE"], rows))
+    _note(f"each base name also as <name>-auto: that model with the fastest of its installed proposers on this "
+          f"machine, or none, timed once (the default: {DEFAULT_MODEL}); and as <name>+<smaller name>: the smaller "
+          f"drafting for it (base+tiny.en)")
     return 0
 
 

@@ -26,8 +26,9 @@ from .model import MedusaWhisper
 
 log = logging.getLogger(__name__)
 
-# The model `medusa-whisper transcribe` uses when none is named.
-DEFAULT_MODEL = "tiny.en"
+# The model `medusa-whisper transcribe` uses when none is named: tiny.en (it installs offline) with
+# whichever of its proposers decodes fastest on the running machine, or none (tuning.fastest_proposer)
+DEFAULT_MODEL = "tiny.en-auto"
 
 
 def available_models() -> List[str]:
@@ -144,6 +145,9 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
                medusa: Optional[MedusaConfig] = None, draft: Optional[Union[str, MedusaWhisper]] = None,
                compute_type: str = "float32", draft_compute_type: Optional[str] = None) -> MedusaWhisper:
     """Load a model by name (see ``medusa-whisper models``) or from a path; whisper.load_model's arguments.
+    A name ending in ``-auto`` (``tiny.en-auto``, the default) is that model with the fastest of its
+    installed lossless proposers on this machine, or none (tuning.py; timed once); ``base+tiny.en``
+    is base with tiny.en as its draft model (``draft="tiny.en"``).
 
     device        : "cpu", "cuda", ...; default: CUDA when available
     download_root : a folder of openai-whisper checkpoints (``tiny.en.pt``, ...), as whisper's: a
@@ -172,6 +176,18 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: Optional[Union[str, to
         return load_model(name_or_path, device, download_root, medusa=medusa, draft=draft,
                           compute_type=compute.compute_type_of(fastest), draft_compute_type=draft_compute_type)
     compute.check_compute_type(compute_type, device)
+    pair = weights.draft_pair(name_or_path)
+    if pair is not None and draft is None:  # "base+tiny.en": tiny.en drafting for base
+        return load_model(pair[0], device, download_root, medusa=medusa, draft=pair[1], compute_type=compute_type,
+                          draft_compute_type=draft_compute_type)
+    from .tuning import auto_base, fastest_proposer
+    base = auto_base(name_or_path)
+    if base is not None:  # "tiny.en-auto": the proposer timed fastest here, or none
+        if draft is not None or medusa is not None:  # the proposer is the caller's
+            return load_model(base, device, download_root, medusa=medusa, draft=draft, compute_type=compute_type,
+                              draft_compute_type=draft_compute_type)
+        return fastest_proposer(base, torch.device(device), compute_type, lambda name: load_model(
+            name, device, download_root, compute_type=compute_type))
     if draft is not None:
         model = load_model(name_or_path, device, download_root, medusa=medusa, compute_type=compute_type)
         draft_model = draft if isinstance(draft, torch.nn.Module) else load_model(

@@ -14,8 +14,9 @@ not far slower than float32's (the int8 encoder's timing shortlists it, ``step/e
 Measured once per machine (CPU, flags, torch, threads) and model name, kept with the kernel routes
 (``step/routes.py``); the first run says what it times and how long it took. The other choices timed
 on a job: the int8 encoder's form (``step/encoder_form.py``) and the batch width for several files
-(``decoding/batches.py``). ``medusa-whisper tune`` times all of them again and prints them
-(``tune``).
+(``decoding/batches.py``), and the proposer of a name that asks for the fastest one (``tiny.en-auto``,
+the default model: ``fastest_proposer``). ``medusa-whisper tune`` times all of them again and prints
+them (``tune``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from .audio import timing_clip
+from .checkpoints import weights
 from .step import encoder_form
 from .step.compute import compute_type_of
 from .step.routes import ROUTES_ENV, announce, fastest_of, table as routes_table, whispers_route_for
@@ -97,6 +99,112 @@ def window_seconds(model: torch.nn.Module, mel: torch.Tensor) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - began
+
+
+# "tiny.en-auto": tiny.en with whichever of its installed lossless proposers (or none) decodes the timing
+# clip fastest on this machine. Whether heads pay depends on the machine and on how long the windows
+# are: on the AVX2 EPYC of family 23, float32, 2 threads, tiny.en-ctc took 0.91x plain tiny.en's time
+# for the clip's 23-s window and 1.045x for its first 4.6 s (its head reads every audio position of a
+# window, whatever its length). So each is timed on a short window and a long one (fractions of the clip)
+AUTO_SUFFIX = "-auto"
+PROPOSER_JOB_PREFIX = "proposer job "
+PROPOSER_JOB_LENGTHS = (0.2, 1.0)
+
+
+def auto_base(name) -> Optional[str]:
+    """The base model of a name that asks for the fastest proposer ("tiny.en-auto" -> "tiny.en"), else None."""
+    if not isinstance(name, str) or not name.endswith(AUTO_SUFFIX):
+        return None
+    base = name[: -len(AUTO_SUFFIX)]
+    return base if base in weights.base_models() else None
+
+
+def proposer_names(base: str) -> List[str]:
+    """What ``base`` can decode with here, losslessly: plain (``base``), each proposer whose heads are
+    installed (``base-medusa``, ``base-eagle``, ...) and each smaller Whisper as its draft model
+    whose weights are (``base+tiny.en``)."""
+    heads = [base + suffix for suffix in weights.MEDUSA_SUFFIXES if not weights.missing_heads(base + suffix)]
+    return [base] + heads + [f"{base}+{draft}" for draft in weights.smaller_present(base)]
+
+
+def proposer_job_name(base: str, compute_type: str, device: torch.device) -> str:
+    return f"{PROPOSER_JOB_PREFIX}{base} {compute_type} {torch.device(device).type}"
+
+
+def proposer_costs(costs: Dict[str, float]) -> Dict[str, Dict[str, float]]:
+    """The proposer job's costs ("name@seconds" -> microseconds) by name: {name: {seconds: us}}."""
+    named: Dict[str, Dict[str, float]] = {}
+    for key, us in costs.items():
+        name, _, length = key.rpartition("@")
+        named.setdefault(name, {})[length] = us
+    return named
+
+
+def choose_proposer(base: str, costs: Dict[str, float]) -> str:
+    """From measured costs ("name@seconds" -> microseconds a window of that length): the proposer
+    whose windows take least time in all, where that is TIE faster than plain decoding (``base``) and
+    no window length is slower; else plain decoding."""
+    named = proposer_costs(costs)
+    plain = named[base]
+    allowed = [name for name, times in named.items() if all(times[length] <= plain[length] for length in plain)]
+    fastest_name = min(allowed, key=lambda name: sum(named[name].values()))
+    return fastest_name if sum(named[fastest_name].values()) * TIE < sum(plain.values()) else base
+
+
+def fastest_proposer(base: str, device: torch.device, compute_type: str, load: Loader) -> torch.nn.Module:
+    """``base`` loaded with the proposer that decodes the timing clip fastest here (timed once per
+    machine, compute type and device, kept with the routes; again when the installed heads change).
+    ``load`` loads a model name at ``compute_type``. The model says what was chosen and from what
+    (``proposer_name``, ``proposer_costs``)."""
+    names = proposer_names(base)
+    loaded: Dict[str, torch.nn.Module] = {}
+    chosen, costs = base, {}
+    if len(names) > 1:
+        table = routes_table()
+        job = proposer_job_name(base, compute_type, device)
+        costs = table.costs(job, lambda: measure_proposers(names, load, loaded))
+        if set(proposer_costs(costs)) != set(names):  # heads installed or removed since it was timed
+            table.forget(job)
+            costs = table.costs(job, lambda: measure_proposers(names, load, loaded))
+        chosen = choose_proposer(base, costs)
+    model = loaded.get(chosen) or load(chosen)
+    model.proposer_name, model.proposer_costs = chosen, dict(costs)
+    return model
+
+
+def measure_proposers(names: List[str], load: Loader, loaded: Optional[Dict[str, torch.nn.Module]] = None
+                      ) -> Dict[str, float]:
+    """Microseconds of a short and a long window of the timing clip (PROPOSER_JOB_LENGTHS) decoded,
+    lossless, by each of ``names`` ("name@seconds" -> us; alternating after a warm-up:
+    ``routes.fastest_of``); ``loaded`` receives the models."""
+    loaded = {} if loaded is None else loaded
+    began = time.perf_counter()
+    lengths = [round(timing_clip.seconds() * fraction, 1) for fraction in PROPOSER_JOB_LENGTHS]
+    announce(f"timing {', '.join(names)} on this machine, once: the timing clip's first "
+             f"{' and '.join(f'{length:g}' for length in lengths)} s decoded by each")
+    for name in names:
+        loaded[name] = load(name)
+    mels = [timing_clip.window_mel(loaded[names[0]].dims.n_mels, length) for length in lengths]
+
+    def windows(model: torch.nn.Module) -> Dict[str, float]:
+        return {f"{length:g}": window_seconds(model, mel) * 1e6 for length, mel in zip(lengths, mels)}
+    timed: Dict[str, Dict[str, float]] = {name: {} for name in names}
+
+    def run(name: str) -> float:
+        times = windows(loaded[name])
+        timed[name] = {length: min(us, timed[name].get(length, us)) for length, us in times.items()}
+        return sum(times.values())
+    fastest_of({name: functools.partial(run, name) for name in names})
+    costs = {f"{name}@{length}": us for name, times in timed.items() for length, us in times.items()}
+    announce(f"{describe_proposers(costs)} -> {choose_proposer(names[0], costs)} (timed in "
+             f"{time.perf_counter() - began:.0f} s; `medusa-whisper tune` times it again)")
+    return costs
+
+
+def describe_proposers(costs: Dict[str, float]) -> str:
+    """The proposer job's costs in a line: "tiny.en 1.18 + 2.87 s, tiny.en-ctc 1.23 + 2.61 s"."""
+    return ", ".join(f"{name} {' + '.join(f'{us / 1e6:.2f}' for us in times.values())} s"
+                     for name, times in proposer_costs(costs).items())
 
 
 ROUTES_JOB_TOKENS = 48  # a token's cost is what the routes change: half the window's text tells it
@@ -176,7 +284,8 @@ def tune(model_name: str, device: torch.device, load: Loader, kernels: bool = Fa
     table = routes_table()
     if kernels:
         table.forget("")
-    for prefix in (encoder_form.PREFIX, job_name(model_name), BATCH_JOB_PREFIX, ROUTES_JOB_PREFIX):
+    for prefix in (encoder_form.PREFIX, job_name(model_name), BATCH_JOB_PREFIX, ROUTES_JOB_PREFIX,
+                   PROPOSER_JOB_PREFIX):
         table.forget(prefix)
     model = fastest(model_name, device, load)
     if compute_type_of(model) == "int8":
@@ -203,6 +312,9 @@ def describe(model_name: str, choices: Dict[str, dict]) -> List[str]:
         elif name.startswith(ROUTES_JOB_PREFIX):
             lines.append(f"  {name}: measured routes {costs['measured'] / 1e6:.2f} s, whisper's "
                          f"{costs['whisper'] / 1e6:.2f} s ({ROUTES_JOB_TOKENS} tokens) -> {choose_routes(costs)}")
+        elif name.startswith(f"{PROPOSER_JOB_PREFIX}{auto_base(model_name)} "):
+            lines.append(f"  {name}: {describe_proposers(costs)} (windows of the timing clip) -> "
+                         f"{choose_proposer(auto_base(model_name), costs)}")
         elif name == job_name(model_name):
             timed = ", ".join(f"{t} {us / 1e6:.2f} s" for t, us in costs.items())
             lines.append(f"  compute type for {model_name} (auto): {timed} a {timing_clip.seconds():.0f}-s window "

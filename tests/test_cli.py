@@ -190,8 +190,10 @@ def test_models_prints_an_aligned_table(monkeypatch, capsys):
     ]
     monkeypatch.setattr(weights, "model_table", lambda: rows)
     assert main(["models"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
     assert len(lines) == 4
+    assert "<name>-auto" in captured.err  # beside the table, which stays one row per model
     assert lines[0].split() == ["NAME", "KIND", "PRESENT", "SOURCE"]
     assert "/cache/tiny.en.pt" in lines[1] and " no " in lines[2] and " yes " in lines[3]
     for column in ("KIND", "PRESENT", "SOURCE"):

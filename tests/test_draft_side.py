@@ -13,6 +13,7 @@ from medusa_whisper.audio.files import load_audio
 from medusa_whisper.drafting import factory
 from medusa_whisper.drafting.draft_audio import POSITION_STEP, content_frames, content_positions, encode_content
 from medusa_whisper.drafting.lookahead import MAX_TOKENS, Lookahead
+from medusa_whisper.step.compute import compute_type_of
 
 DATA = Path(__file__).parent / "data"
 JFK = DATA / "real" / "jfk.flac"
@@ -110,3 +111,9 @@ def test_the_costs_are_measured_once_per_pair_of_models(models):
     passes, step = draft_model_costs(main, tiny, 3)
     assert len(passes) == 3 and all(p > 0 for p in passes) and step > 0
     assert draft_model_costs(main, tiny, 3) is draft_model_costs(main, tiny, 3)
+
+
+def test_a_pair_named_main_plus_draft_loads_the_main_model_with_that_draft():
+    model = medusa_whisper.load_model("base+tiny.en", device="cpu", compute_type="int8")
+    assert model.dims.n_text_state == 512 and model.draft_model.dims.n_text_state == 384
+    assert compute_type_of(model) == compute_type_of(model.draft_model) == "int8"

@@ -235,3 +235,128 @@ def test_a_float32_load_times_its_routes_once_on_the_timing_clip(monkeypatch, tm
     assert "timing the float32 decoder's products" in capsys.readouterr().err
     monkeypatch.setattr(tuning, "_time_routes", lambda *a: pytest.fail("timed again"))
     medusa_whisper.load_model("tiny.en", device="cpu")
+
+
+# --- the proposer of a -auto name (the default model) -------------------------------------------------
+
+
+def _job(costs, short=None):
+    """The proposer job's costs for windows of both lengths: each name's ``costs`` (its ``short``
+    cost for the short window where given)."""
+    lengths = [f"{round(timing_clip.seconds() * f, 1):g}" for f in tuning.PROPOSER_JOB_LENGTHS]
+    short = short or {}
+    return {f"{name}@{length}": short.get(name, us) if i == 0 else us
+            for name, us in costs.items() for i, length in enumerate(lengths)}
+
+
+def test_the_proposer_is_plain_unless_one_is_a_tie_faster_and_slower_at_no_length():
+    assert tuning.choose_proposer("tiny.en", _job({"tiny.en": 1.0, "tiny.en-ctc": 0.9, "tiny.en-eagle": 0.8})) \
+        == "tiny.en-eagle"
+    # 3 % faster: not worth its heads, plain decoding kept
+    assert tuning.choose_proposer("tiny.en", _job({"tiny.en": 1.0, "tiny.en-medusa": 0.97})) == "tiny.en"
+    assert tuning.choose_proposer("base", _job({"base": 1.0, "base-ctc": 1.4})) == "base"
+    # as measured on the AVX2 EPYC of family 23 (seconds, 4.6-s and 23-s windows): the CTC head is 9 %
+    # faster on the long window and 4.5 % slower on the short one, so not taken; eagle is
+    plain, ctc, eagle = {"tiny.en@4.6": 1.176, "tiny.en@23": 2.868}, {"tiny.en-ctc@4.6": 1.229, "tiny.en-ctc@23": 2.610}, \
+        {"tiny.en-eagle@4.6": 1.149, "tiny.en-eagle@23": 2.802}
+    assert tuning.choose_proposer("tiny.en", {**plain, **ctc}) == "tiny.en"
+    assert tuning.choose_proposer("tiny.en", {**plain, **ctc, **dict(eagle, **{"tiny.en-eagle@23": 2.6})}) \
+        == "tiny.en-eagle"
+    assert tuning.choose_proposer("tiny.en", {**plain, **ctc, **eagle}) == "tiny.en"  # 2.4 %: within the tie
+    assert tuning.auto_base("tiny.en-auto") == "tiny.en" and tuning.auto_base("large-v3-auto") == "large-v3"
+    assert tuning.auto_base("tiny.en") is None and tuning.auto_base("nonsense-auto") is None
+
+
+def test_a_smaller_whisper_is_a_candidate_draft_where_it_loads_without_a_download(monkeypatch):
+    from medusa_whisper.checkpoints import weights
+
+    assert weights.draft_pair("base+tiny.en") == ("base", "tiny.en")
+    assert weights.draft_pair("base-ctc+eagle") is None and weights.draft_pair("base") is None
+    monkeypatch.setattr(weights, "base_present", lambda name, manifest=None: name in ("tiny.en", "tiny", "base", "small"))
+    assert weights.smaller_present("small") == ["tiny.en", "base", "tiny"]
+    assert weights.smaller_present("tiny.en") == [] and weights.smaller_present("large-v3") == ["tiny.en", "base", "tiny", "small"]
+    assert tuning.proposer_names("small")[-3:] == ["small+tiny.en", "small+base", "small+tiny"]
+
+
+def _named_loads(monkeypatch, costs):
+    """load_model records the name of each model it loads on it, and a timed window costs half what
+    ``costs`` says for that name (microseconds: the two windows of the job), so that the choice is
+    known beforehand."""
+    real_load = medusa_whisper.loading.load_model
+    loads = []
+
+    def load(name, *args, **kwargs):
+        model = real_load(name, *args, **kwargs)
+        if not str(name).endswith(tuning.AUTO_SUFFIX):
+            loads.append(name)
+            model.loaded_as = name
+        return model
+    monkeypatch.setattr(medusa_whisper.loading, "load_model", load)
+    monkeypatch.setattr(medusa_whisper, "load_model", load)
+    monkeypatch.setattr(tuning, "window_seconds", lambda model, mel: costs[model.loaded_as] / 1e6 / 2)
+    return loads
+
+
+def test_an_auto_name_times_its_installed_proposers_once_and_decodes_with_the_fastest(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    names = tuning.proposer_names("tiny.en")
+    assert names[0] == "tiny.en" and {"tiny.en-medusa", "tiny.en-eagle", "tiny.en-ctc"} <= set(names)
+    costs = {name: 2.0e6 for name in names}
+    costs["tiny.en-ctc"] = 1.0e6
+    loads = _named_loads(monkeypatch, costs)
+    model = medusa_whisper.load_model("tiny.en-auto", device="cpu")
+    assert loads == names  # each loaded once, timed, and the fastest kept
+    assert model.proposer_name == "tiny.en-ctc" and model.draft_head.kind == "ctc"
+    assert model.proposer_costs == pytest.approx(_job({name: us / 2 for name, us in costs.items()}))
+    saved = json.loads(next((tmp_path / "routes").glob("*.json")).read_text())["choices"]
+    job = tuning.proposer_job_name("tiny.en", "float32", torch.device("cpu"))
+    assert saved[job]["us"] == pytest.approx(model.proposer_costs, abs=0.1)
+
+    loads.clear()
+    monkeypatch.setattr(tuning, "window_seconds", lambda *a: pytest.fail("timed again"))
+    again = medusa_whisper.load_model("tiny.en-auto", device="cpu")
+    assert loads == ["tiny.en-ctc"] and again.proposer_name == "tiny.en-ctc"
+    audio = timing_clip.samples()[: 16000 * 8]
+    result = medusa_whisper.transcribe(again, audio, language="en")
+    plain = medusa_whisper.transcribe(medusa_whisper.load_model("tiny.en", device="cpu"), audio, language="en", mode="off")
+    assert result["medusa"]["proposer"] == "tiny.en-ctc" and result["medusa"]["tokens_per_step"] > 1
+    assert [s["tokens"] for s in result["segments"]] == [s["tokens"] for s in plain["segments"]]
+
+
+def test_an_auto_name_is_timed_again_when_its_installed_heads_change(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    table = RouteTable(None)
+    job = tuning.proposer_job_name("tiny.en", "int8", torch.device("cpu"))
+    table.choices[job] = {"route": "", "us": _job({"tiny.en": 2.0, "tiny.en-medusa": 1.0})}
+    monkeypatch.setattr(tuning, "routes_table", lambda: table)
+    costs = {name: 1.0e6 for name in tuning.proposer_names("tiny.en")}
+    loads = _named_loads(monkeypatch, costs)
+    model = medusa_whisper.load_model("tiny.en-auto", device="cpu", compute_type="int8")
+    assert loads == list(costs) and set(tuning.proposer_costs(table.choices[job]["us"])) == set(costs)
+    assert model.proposer_name == "tiny.en" and model.draft_head is None  # all tie: plain decoding
+    assert compute.compute_type_of(model) == "int8"
+
+
+def test_the_default_command_says_which_proposer_it_took_when_verbose_and_times_none_for_mode_off(
+        monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    table = RouteTable(None)
+    costs = {name: 2.0e6 for name in tuning.proposer_names("tiny.en")}
+    costs["tiny.en-eagle"] = 1.0e6
+    table.choices[tuning.proposer_job_name("tiny.en", "float32", torch.device("cpu"))] = {"route": "",
+                                                                                         "us": _job(costs)}
+    monkeypatch.setattr(tuning, "routes_table", lambda: table)
+    loads = _named_loads(monkeypatch, costs)
+    clip = tmp_path / "clip.flac"
+    clip.write_bytes(timing_clip.CLIP.read_bytes())
+    args = [str(clip), "--verbose", "True", "--clip-timestamps", "0,4"]
+    assert medusa_whisper.DEFAULT_MODEL == "tiny.en-auto"
+    assert main(["transcribe", *args]) == 0
+    assert loads == ["tiny.en-eagle"]
+    assert ("tiny.en-auto: tiny.en-eagle (this machine's timing of a short and a long window: tiny.en 2.00 + 2.00 s"
+            in capsys.readouterr().err)
+    loads.clear()
+    table.choices.clear()  # mode off and beam search load plain tiny.en: nothing timed
+    assert main(["transcribe", *args, "--mode", "off"]) == 0
+    assert main(["transcribe", *args, "--beam-size", "2"]) == 0
+    assert loads == ["tiny.en", "tiny.en"] and "tiny.en-auto:" not in capsys.readouterr().err

@@ -136,6 +136,41 @@ def available_models() -> List[str]:
     return bases + list(HUB_MODELS) + [name for name in ours if name not in HUB_MODELS]
 
 
+# whisper's sizes, smallest first: a draft model is of a smaller size than the model it drafts for
+SIZES = ("tiny", "base", "small", "medium", "large", "turbo")
+
+
+def draft_pair(name) -> Optional[Tuple[str, str]]:
+    """The model and its draft model named by ``<model>+<draft>`` (``base+tiny.en``: tiny.en drafting
+    for base, ``load_model("base", draft="tiny.en")``), or None when ``name`` is not such a name."""
+    if not isinstance(name, str) or "+" not in name:
+        return None
+    main, _, draft = name.partition("+")
+    return (main, draft) if main in base_models() and draft in base_models() else None
+
+
+def smaller_present(name: str) -> List[str]:
+    """The base models of a smaller size than ``name`` that load without a download: its draft
+    models that cost nothing to try."""
+    def size(model: str) -> int:
+        family = model.split(".")[0].split("-")[0]
+        return SIZES.index(family) if family in SIZES else len(SIZES)
+    return [other for other in base_models() if size(other) < size(name) and base_present(other)]
+
+
+def base_present(name: str, manifest: Optional[Dict[str, dict]] = None) -> bool:
+    """Whether a base model loads without a download: from the cache or its offline package."""
+    offline = OFFLINE_SOURCES.get(name)
+    return _cached_base(name, manifest) is not None or (offline is not None and offline.locate() is not None)
+
+
+def _cached_base(name: str, manifest: Optional[Dict[str, dict]] = None) -> Optional[Path]:
+    """A base model's converted checkpoint in the cache, if there is one."""
+    entry = (_read_manifest(cache_dir()) if manifest is None else manifest).get(name)
+    path = cache_dir() / entry["file"] if entry else None
+    return path if path is not None and path.is_file() else None
+
+
 def split_medusa_name(name: str) -> Optional[str]:
     """The base model of a Medusa name, or None when ``name`` is not one."""
     for suffix in sorted(MEDUSA_SUFFIXES, key=len, reverse=True):
@@ -504,12 +539,9 @@ def model_table() -> List[dict]:
                          "present": heads.is_file(), "path": str(heads) if heads.is_file() else None})
             continue
         offline = OFFLINE_SOURCES.get(name)
-        entry = manifest.get(name)
-        cached = cache_dir() / entry["file"] if entry else None
-        cached = cached if cached is not None and cached.is_file() else None
-        installed = offline is not None and offline.locate() is not None
+        cached = _cached_base(name, manifest)
         source = "pip:" + "+".join(offline.packages) if offline else whisper._MODELS[name]
-        rows.append({"name": name, "kind": "base", "source": source, "present": bool(cached) or installed,
+        rows.append({"name": name, "kind": "base", "source": source, "present": base_present(name, manifest),
                      "path": str(cached) if cached else None})
     return rows
 

@@ -68,6 +68,7 @@ def joined(results: List[Optional[dict]], offsets: List[float], language: Option
     steps = totals["decoder_steps"]
     stats = dict(totals, tokens_per_step=totals["tokens"] / steps if steps else 0.0, chunks=len(offsets))
     done = [r for r in results if r is not None]
-    if done:  # the model's compute type and encoder form, as each chunk's result says (longform.compute_of)
-        stats.update({k: done[0]["medusa"][k] for k in ("compute_type", "encoder") if k in done[0].get("medusa", {})})
+    if done:  # how the model computes, as each chunk's result says (longform.compute_of)
+        stats.update({k: done[0]["medusa"][k] for k in ("compute_type", "encoder", "proposer")
+                      if k in done[0].get("medusa", {})})
     return dict(text="".join(s["text"] for s in segments), segments=segments, language=language, medusa=stats)

@@ -567,8 +567,11 @@ def _transcribe_frames(model, mel: LogMelFrames, *, draft_frames: Optional[LogMe
 def compute_of(model) -> dict:
     """How the model computes, for a result's statistics: its compute type (``auto``'s choice where it
     was asked for) and, where it is converted, its encoder's form. Not in the output files, which are
-    the same on every machine (outputs.STAT_FIELDS)."""
+    the same on every machine (outputs.STAT_FIELDS). Where the model was asked for its fastest proposer
+    (``tiny.en-auto``), the one chosen."""
     compute = {"compute_type": getattr(model, "compute_type", "float32")}
+    if hasattr(model, "proposer_name"):
+        compute["proposer"] = model.proposer_name
     if hasattr(model, "encoder_form"):
         compute["encoder"] = model.encoder_form
     return compute
