@@ -132,11 +132,12 @@ def proposer_job_name(base: str, compute_type: str, device: torch.device) -> str
 
 
 def proposer_costs(costs: Dict[str, float]) -> Dict[str, Dict[str, float]]:
-    """The proposer job's costs ("name@seconds" -> microseconds) by name: {name: {seconds: us}}."""
+    """The proposer job's costs ("name@seconds" -> microseconds) by name: {name: {seconds: us}}; a
+    name without "@seconds" is one job's time (a kind's real recordings, docs/kinds/)."""
     named: Dict[str, Dict[str, float]] = {}
     for key, us in costs.items():
-        name, _, length = key.rpartition("@")
-        named.setdefault(name, {})[length] = us
+        name, at, length = key.rpartition("@")
+        named.setdefault(name if at else key, {})[length if at else ""] = us
     return named
 
 

@@ -8,7 +8,8 @@ Writes ``docs/kinds/<kind>.json``:
   cores, last-level cache); ``torch``, ``threads``, ``model``, ``commit``, ``measured``;
 - ``calibration``: what the package's own job timings measured here, from a fresh cache (the
   timing clip's window at each compute type, the int8 encoder's forms, float32's routes, the batch
-  width's job), as ``tuning.tune`` times them, each with the choice it makes;
+  width's job, the proposer ``<model>-auto`` takes), as ``tuning.tune`` times them, each with the
+  choice it makes;
 - ``jobs`` and ``fastest`` (from ``--jobs``, a JSON written from the benches run on the same machine):
   each candidate's time on the real jobs (seconds, or any unit shared within a decision) and which
   was fastest there; ``rows``: the issue's rows measured (free-form), ``ratios`` the numeric ones
@@ -66,11 +67,14 @@ def calibration(model_name: str) -> Dict[str, Dict[str, object]]:
     from medusa_whisper import load_model, tuning
     from medusa_whisper.decoding.batches import BATCH_JOB_PREFIX, choose_batch_size
     from medusa_whisper.step import encoder_form
+    from medusa_whisper.step.compute import compute_type_of
 
     with tempfile.TemporaryDirectory() as cache:
         os.environ["MEDUSA_WHISPER_CACHE"] = cache
         device = torch.device("cpu")
         model, _ = tuning.tune(model_name, device, lambda t: load_model(model_name, device="cpu", compute_type=t))
+        if tuning.auto_base(model_name + tuning.AUTO_SUFFIX):  # the proposer -auto takes, at the type chosen
+            load_model(model_name + tuning.AUTO_SUFFIX, device="cpu", compute_type=compute_type_of(model))
         from medusa_whisper.step.routes import table
         choices = table().choices
         found = {}
@@ -82,6 +86,8 @@ def calibration(model_name: str) -> Dict[str, Dict[str, object]]:
                 found["compute type"] = {"us": costs, "chosen": tuning.choose(costs)}
             elif name == tuning.routes_job_name(model.dims):
                 found["float32 routes"] = {"us": costs, "chosen": tuning.choose_routes(costs)}
+            elif name.startswith(tuning.PROPOSER_JOB_PREFIX):
+                found["proposer"] = {"us": costs, "chosen": tuning.choose_proposer(model_name, costs)}
             elif name.startswith(BATCH_JOB_PREFIX):
                 found["batch width"] = {"us": costs, "chosen": choose_batch_size({int(k): v for k, v in costs.items()})}
     return found
