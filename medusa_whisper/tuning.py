@@ -131,7 +131,7 @@ def proposer_job_name(base: str, compute_type: str, device: torch.device) -> str
     return f"{PROPOSER_JOB_PREFIX}{base} {compute_type} {torch.device(device).type}"
 
 
-def proposer_costs(costs: Dict[str, float]) -> Dict[str, Dict[str, float]]:
+def costs_by_proposer(costs: Dict[str, float]) -> Dict[str, Dict[str, float]]:
     """The proposer job's costs ("name@seconds" -> microseconds) by name: {name: {seconds: us}}; a
     name without "@seconds" is one job's time (a kind's real recordings, docs/kinds/)."""
     named: Dict[str, Dict[str, float]] = {}
@@ -145,7 +145,7 @@ def choose_proposer(base: str, costs: Dict[str, float]) -> str:
     """From measured costs ("name@seconds" -> microseconds a window of that length): the proposer
     whose windows take least time in all, where that is TIE faster than plain decoding (``base``) and
     no window length is slower; else plain decoding."""
-    named = proposer_costs(costs)
+    named = costs_by_proposer(costs)
     plain = named[base]
     allowed = [name for name, times in named.items() if all(times[length] <= plain[length] for length in plain)]
     fastest_name = min(allowed, key=lambda name: sum(named[name].values()))
@@ -161,12 +161,10 @@ def fastest_proposer(base: str, device: torch.device, compute_type: str, load: L
     loaded: Dict[str, torch.nn.Module] = {}
     chosen, costs = base, {}
     if len(names) > 1:
-        table = routes_table()
-        job = proposer_job_name(base, compute_type, device)
-        costs = table.costs(job, lambda: measure_proposers(names, load, loaded))
-        if set(proposer_costs(costs)) != set(names):  # heads installed or removed since it was timed
-            table.forget(job)
-            costs = table.costs(job, lambda: measure_proposers(names, load, loaded))
+        # timed again where the installed heads differ from those timed
+        keys = [f"{name}@{length}" for name in names for length in _job_lengths()]
+        costs = routes_table().costs(proposer_job_name(base, compute_type, device),
+                                     lambda: measure_proposers(names, load, loaded), keys)
         chosen = choose_proposer(base, costs)
     model = loaded.get(chosen) or load(chosen)
     model.proposer_name, model.proposer_costs = chosen, dict(costs)
@@ -180,19 +178,16 @@ def measure_proposers(names: List[str], load: Loader, loaded: Optional[Dict[str,
     ``routes.fastest_of``); ``loaded`` receives the models."""
     loaded = {} if loaded is None else loaded
     began = time.perf_counter()
-    lengths = [round(timing_clip.seconds() * fraction, 1) for fraction in PROPOSER_JOB_LENGTHS]
+    lengths = _job_lengths()
     announce(f"timing {', '.join(names)} on this machine, once: the timing clip's first "
-             f"{' and '.join(f'{length:g}' for length in lengths)} s decoded by each")
+             f"{' and '.join(lengths)} s decoded by each")
     for name in names:
         loaded[name] = load(name)
-    mels = [timing_clip.window_mel(loaded[names[0]].dims.n_mels, length) for length in lengths]
-
-    def windows(model: torch.nn.Module) -> Dict[str, float]:
-        return {f"{length:g}": window_seconds(model, mel) * 1e6 for length, mel in zip(lengths, mels)}
+    mels = {length: timing_clip.window_mel(loaded[names[0]].dims.n_mels, float(length)) for length in lengths}
     timed: Dict[str, Dict[str, float]] = {name: {} for name in names}
 
     def run(name: str) -> float:
-        times = windows(loaded[name])
+        times = {length: window_seconds(loaded[name], mel) * 1e6 for length, mel in mels.items()}
         timed[name] = {length: min(us, timed[name].get(length, us)) for length, us in times.items()}
         return sum(times.values())
     fastest_of({name: functools.partial(run, name) for name in names})
@@ -202,10 +197,17 @@ def measure_proposers(names: List[str], load: Loader, loaded: Optional[Dict[str,
     return costs
 
 
+def _job_lengths() -> List[str]:
+    """The proposer job's window lengths, in seconds as its costs name them ("4.6", "23.1")."""
+    return [f"{round(timing_clip.seconds() * fraction, 1):g}" for fraction in PROPOSER_JOB_LENGTHS]
+
+
 def describe_proposers(costs: Dict[str, float]) -> str:
     """The proposer job's costs in a line: "tiny.en 1.18 + 2.87 s, tiny.en-ctc 1.23 + 2.61 s"."""
-    return ", ".join(f"{name} {' + '.join(f'{us / 1e6:.2f}' for us in times.values())} s"
-                     for name, times in proposer_costs(costs).items())
+    def shortest_first(times: Dict[str, float]) -> List[float]:  # the routes file keeps its keys sorted as text
+        return [us for _, us in sorted(times.items(), key=lambda item: float(item[0] or 0))]
+    return ", ".join(f"{name} {' + '.join(f'{us / 1e6:.2f}' for us in shortest_first(times))} s"
+                     for name, times in costs_by_proposer(costs).items())
 
 
 ROUTES_JOB_TOKENS = 48  # a token's cost is what the routes change: half the window's text tells it
@@ -301,6 +303,7 @@ def tune(model_name: str, device: torch.device, load: Loader, kernels: bool = Fa
 def describe(model_name: str, choices: Dict[str, dict]) -> List[str]:
     """What the job timings chose for ``model_name``, one line each."""
     lines = []
+    base = auto_base(model_name)
     for name, entry in sorted(choices.items()):
         costs = entry.get("us", {})
         if name.startswith(encoder_form.PREFIX):
@@ -313,9 +316,9 @@ def describe(model_name: str, choices: Dict[str, dict]) -> List[str]:
         elif name.startswith(ROUTES_JOB_PREFIX):
             lines.append(f"  {name}: measured routes {costs['measured'] / 1e6:.2f} s, whisper's "
                          f"{costs['whisper'] / 1e6:.2f} s ({ROUTES_JOB_TOKENS} tokens) -> {choose_routes(costs)}")
-        elif name.startswith(f"{PROPOSER_JOB_PREFIX}{auto_base(model_name)} "):
+        elif base is not None and name.startswith(f"{PROPOSER_JOB_PREFIX}{base} "):
             lines.append(f"  {name}: {describe_proposers(costs)} (windows of the timing clip) -> "
-                         f"{choose_proposer(auto_base(model_name), costs)}")
+                         f"{choose_proposer(base, costs)}")
         elif name == job_name(model_name):
             timed = ", ".join(f"{t} {us / 1e6:.2f} s" for t, us in costs.items())
             lines.append(f"  compute type for {model_name} (auto): {timed} a {timing_clip.seconds():.0f}-s window "

@@ -21,7 +21,7 @@ def rule(decision: str):
         "batch width": lambda costs: choose_batch_size({int(k): v for k, v in costs.items()}),
         "float32 routes": tuning.choose_routes,
         # plain decoding is the shortest name of those timed (tiny.en beside tiny.en-ctc, base+tiny.en)
-        "proposer": lambda costs: tuning.choose_proposer(min(tuning.proposer_costs(costs), key=len), costs),
+        "proposer": lambda costs: tuning.choose_proposer(min(tuning.costs_by_proposer(costs), key=len), costs),
     }[decision]
 
 

@@ -332,7 +332,7 @@ def test_an_auto_name_is_timed_again_when_its_installed_heads_change(monkeypatch
     costs = {name: 1.0e6 for name in tuning.proposer_names("tiny.en")}
     loads = _named_loads(monkeypatch, costs)
     model = medusa_whisper.load_model("tiny.en-auto", device="cpu", compute_type="int8")
-    assert loads == list(costs) and set(tuning.proposer_costs(table.choices[job]["us"])) == set(costs)
+    assert loads == list(costs) and set(tuning.costs_by_proposer(table.choices[job]["us"])) == set(costs)
     assert model.proposer_name == "tiny.en" and model.draft_head is None  # all tie: plain decoding
     assert compute.compute_type_of(model) == "int8"
 

@@ -201,13 +201,16 @@ class RouteTable:
             entry = self._timed(name, lambda: {kernel: timer() for kernel, timer in candidates.items()})
         return entry["route"]
 
-    def costs(self, name: str, measure: Callable[[], Dict[str, float]]) -> Dict[str, float]:
+    def costs(self, name: str, measure: Callable[[], Dict[str, float]],
+              alternatives: Optional[Iterable[str]] = None) -> Dict[str, float]:
         """Measured costs of the alternatives called ``name`` (alternative -> microseconds), by
         ``measure()`` once per machine and kept with the routes; for choices whose rule is the
         caller's (e.g. the batch size, ``batches.default_batch_size``). Timed again by a later
-        process when the machine looked busy (``Preemptions``)."""
+        process when the machine looked busy (``Preemptions``), and, where the caller says which
+        ``alternatives`` it measures, when those kept are others (as ``choose_kernel``'s candidates)."""
         entry = self.choices.get(name)
-        if entry is None or not entry.get("us") or self._timed_again(name, entry):
+        if (entry is None or not entry.get("us") or self._timed_again(name, entry)
+                or (alternatives is not None and set(entry["us"]) != set(alternatives))):
             entry = self._timed(name, measure)
         return dict(entry["us"])
 
