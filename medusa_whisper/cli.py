@@ -548,9 +548,21 @@ def _proposer_choice(model) -> str:
     from .tuning import describe_proposers
 
     costs = getattr(model, "proposer_costs", {})
-    if not costs:
-        return model.proposer_name
-    return f"{model.proposer_name} (this machine's timing of a short and a long window: {describe_proposers(costs)})"
+    predicted = getattr(model, "proposer_predicted", None)
+    if not costs or predicted == UNTIMED:
+        return model.proposer_name + (_NOT_TIMED if costs else "")
+    return f"{model.proposer_name} ({_whose_timing(predicted)} of a short and a long window: {describe_proposers(costs)})"
+
+
+UNTIMED = "default"  # routes.RouteTable's mark of a choice no timing made (the caller's safe default)
+_NOT_TIMED = " (not timed on this machine nor on a recorded CPU kind like it: `medusa-whisper tune` times it)"
+
+
+def _whose_timing(predicted) -> str:
+    """Whose timing a choice comes from: this machine's, or a recorded CPU kind's (step/kinds.py)."""
+    if predicted is None:
+        return "this machine's timing"
+    return f"predicted from the recorded CPU kind {predicted}, as `medusa-whisper tune` would time it here: its timing"
 
 
 def _auto_choice(model) -> str:
@@ -562,7 +574,10 @@ def _auto_choice(model) -> str:
     timed = ", ".join(f"{t} {us / 1e6:.2f} s" for t, us in costs.items())
     form = f", encoder {model.encoder_form}" if hasattr(model, "encoder_form") else ""
     chosen = compute_type_of(model)
-    return f"{chosen}{form} (this machine's timing of a window: {timed})" if timed else chosen
+    predicted = getattr(model, "compute_type_predicted", None)
+    if predicted == UNTIMED:
+        return chosen + form + _NOT_TIMED
+    return f"{chosen}{form} ({_whose_timing(predicted)} of a window: {timed})" if timed else chosen
 
 
 def _looks_like_address(text: str) -> bool:

@@ -34,10 +34,11 @@ LAYERS: Tuple[Layer, ...] = (
                    "times itself on: no model, no options",
           ("medusa_whisper.audio", "medusa_whisper.audio.sniff", "medusa_whisper.audio.files",
            "medusa_whisper.audio.mel", "medusa_whisper.audio.vad", "medusa_whisper.audio.timing_clip")),
-    Layer("kernels", "step/, its tensor-level pieces: measured linear routes, int8 arithmetic, row-invariant "
+    Layer("kernels", "step/, its tensor-level pieces: the recorded CPU kinds, measured linear routes, int8 arithmetic, row-invariant "
                      "attention and masks, the encoder's bfloat16 attention, the static cache, the vocabulary "
                      "projection modules, rows together or alone: no model, no I/O beyond the route timings' cache file",
-          ("medusa_whisper.step", "medusa_whisper.step.routes", "medusa_whisper.step.int8_kernels",
+          ("medusa_whisper.step", "medusa_whisper.step.kinds", "medusa_whisper.step.routes",
+           "medusa_whisper.step.int8_kernels",
            "medusa_whisper.step.attention", "medusa_whisper.step.cache", "medusa_whisper.step.projection",
            "medusa_whisper.step.encoder_attention",
            "medusa_whisper.step.together")),

@@ -56,10 +56,13 @@ def choose(costs: Dict[str, float]) -> str:
 def fastest(model_name: str, device: torch.device, load: Loader) -> torch.nn.Module:
     """The model loaded at the compute type that decodes the timing clip fastest here (timed once)."""
     loaded: Dict[str, torch.nn.Module] = {}
-    costs = routes_table().costs(job_name(model_name), lambda: measure(model_name, device, load, loaded))
+    # predicted until timed here (``tune``): a recorded kind's job for this model, else float32 (the exact type)
+    costs = routes_table().costs(job_name(model_name), lambda: measure(model_name, device, load, loaded),
+                                 job=True, default=lambda: {"float32": 1.0})
     chosen = choose(costs)
     model = loaded.get(chosen) or load(chosen)
     model.compute_type_costs = dict(costs)  # what auto chose from, for --verbose and the result's stats
+    model.compute_type_predicted = routes_table().predicted_from(job_name(model_name))
     return model
 
 
@@ -159,15 +162,17 @@ def fastest_proposer(base: str, device: torch.device, compute_type: str, load: L
     (``proposer_name``, ``proposer_costs``)."""
     names = proposer_names(base)
     loaded: Dict[str, torch.nn.Module] = {}
-    chosen, costs = base, {}
+    chosen, costs, predicted = base, {}, None
     if len(names) > 1:
         # timed again where the installed heads differ from those timed
         keys = [f"{name}@{length}" for name in names for length in _job_lengths()]
-        costs = routes_table().costs(proposer_job_name(base, compute_type, device),
-                                     lambda: measure_proposers(names, load, loaded), keys)
-        chosen = choose_proposer(base, costs)
+        job = proposer_job_name(base, compute_type, device)
+        # predicted until timed here (``tune``): a recorded kind's job with the same heads, else plain decoding
+        costs = routes_table().costs(job, lambda: measure_proposers(names, load, loaded), keys, job=True,
+                                     default=lambda: {f"{base}@{length}": 1.0 for length in _job_lengths()})
+        chosen, predicted = choose_proposer(base, costs), routes_table().predicted_from(job)
     model = loaded.get(chosen) or load(chosen)
-    model.proposer_name, model.proposer_costs = chosen, dict(costs)
+    model.proposer_name, model.proposer_costs, model.proposer_predicted = chosen, dict(costs), predicted
     return model
 
 
@@ -231,7 +236,9 @@ def float32_routes(model: torch.nn.Module) -> bool:
         return False
     shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
     shapes.add(tuple(model.decoder.token_embedding.weight.shape))
-    costs = routes_table().costs(routes_job_name(model.dims), lambda: _time_routes(model, shapes))
+    # predicted until timed here (``tune``): a recorded kind's job, else whisper's own products
+    costs = routes_table().costs(routes_job_name(model.dims), lambda: _time_routes(model, shapes), job=True,
+                                 default=lambda: {"measured": 1.0, "whisper": 1.0})
     measured = choose_routes(costs) == "measured"
     whispers_route_for(shapes, not measured)
     return measured
@@ -290,9 +297,13 @@ def tune(model_name: str, device: torch.device, load: Loader, kernels: bool = Fa
     for prefix in (encoder_form.PREFIX, job_name(model_name), BATCH_JOB_PREFIX, ROUTES_JOB_PREFIX,
                    PROPOSER_JOB_PREFIX):
         table.forget(prefix)
-    model = fastest(model_name, device, load)
-    if compute_type_of(model) == "int8":
-        default_batch_size(model)
+    table.timing = "all" if kernels else "jobs"  # timed here, not replayed from a recorded kind
+    try:
+        model = fastest(model_name, device, load)
+        if compute_type_of(model) == "int8":
+            default_batch_size(model)
+    finally:
+        table.timing = ""
     lines = [table.describe()[0]]
     lines += describe(model_name, table.choices)
     lines += measured_batch_sizes()

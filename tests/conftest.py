@@ -14,6 +14,13 @@ os.environ.setdefault("MEDUSA_WHISPER_CACHE", tempfile.mkdtemp(prefix="medusa_wh
 # Results must not depend on how many threads the machine gives; fixed and small, as CI has 2 cores.
 torch.set_num_threads(int(os.environ.get("MEDUSA_TEST_THREADS", "2")))
 
+# No test times the machine unless timing is what it tests (``unpinned``, ``measure_afresh``): every
+# choice the package would time replays a recorded CPU kind's (step/kinds.py), by default the kind
+# nearest this CPU; MEDUSA_WHISPER_KIND=<kind> pins another, and the suite must pass with each.
+from medusa_whisper.step import kinds  # noqa: E402
+
+os.environ.setdefault(kinds.PIN_ENV, kinds.ranked()[0])
+
 
 @pytest.fixture(scope="session")
 def clips():
@@ -34,6 +41,28 @@ def tiny_en_cache(clips, tmp_path_factory):
     return out
 
 
+def pytest_report_header(config):
+    return f"choices replayed from the recorded CPU kind {os.environ.get(kinds.PIN_ENV)} ({kinds.PIN_ENV})"
+
+
+@pytest.fixture
+def unpinned(tmp_path, monkeypatch):
+    """A test of timing itself: choices are timed or replayed on this machine as a user's are, into a
+    routes table of this test's own (its folder returned; the weights cache stays the session's),
+    and none of its timings is left to later tests."""
+    from medusa_whisper.step import compute, routes
+
+    monkeypatch.delenv(kinds.PIN_ENV, raising=False)
+    folder = tmp_path / "unpinned"
+    monkeypatch.setattr(routes, "cache_dir", lambda: folder)
+    memos = (compute._many_rows_kernel, compute._many_rows_from)
+    for memo in memos:
+        memo.cache_clear()
+    yield folder
+    for memo in memos:
+        memo.cache_clear()
+
+
 @pytest.fixture
 def measure_afresh(tmp_path, monkeypatch):
     """A function that makes every kernel choice from then on be measured again on first use (as a
@@ -44,6 +73,7 @@ def measure_afresh(tmp_path, monkeypatch):
     memos = (compute._many_rows_kernel, compute._many_rows_from)
 
     def afresh():
+        monkeypatch.delenv(kinds.PIN_ENV, raising=False)
         monkeypatch.setattr(routes, "cache_dir", lambda: tmp_path / "measured afresh")
         for memo in memos:
             memo.cache_clear()

@@ -138,8 +138,8 @@ def test_fbgemms_projection_of_a_real_decodings_states_picks_float32s_tokens():
     assert torch.equal(logits.argmax(-1), exact.argmax(-1))
 
 
-def test_the_int8_projection_kernel_is_measured_once_per_machine_for_every_selection(monkeypatch, tmp_path):
-    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+def test_the_int8_projection_kernel_is_measured_once_per_machine_for_every_selection(monkeypatch, unpinned):
+    tmp_path = unpinned
     projection = Int8Projection.from_weight(torch.randn(3000, 64))
     chosen = projection.choose_kernel()
     assert chosen in Int8Projection.KERNELS
@@ -406,9 +406,9 @@ def test_the_many_rows_kernel_starts_where_it_is_faster_at_every_count_measured(
     assert first_faster(costs(10 ** 6)) == MANY_ROWS
 
 
-def test_where_the_many_rows_kernel_starts_is_measured_once_per_machine(monkeypatch, tmp_path):
+def test_where_the_many_rows_kernel_starts_is_measured_once_per_machine(monkeypatch, unpinned):
     from medusa_whisper.step import compute
-    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    tmp_path = unpinned
     compute._many_rows_from.cache_clear()
     start = compute.many_rows_from(96, 64)
     assert start in compute.TOGETHER_ROWS + (compute.MANY_ROWS,)

@@ -249,10 +249,10 @@ def test_ctc_drafts_at_int8_equal_int8_greedy(jfk_mel, tmp_path, monkeypatch):
         assert right.tokens == greedy.tokens and right.tokens_per_step >= 3.0
 
 
-def test_pass_costs_are_measured_here_once_per_model_and_compute_type(tiny, jfk_mel, tmp_path, monkeypatch):
+def test_pass_costs_are_measured_here_once_per_model_and_compute_type(tiny, jfk_mel, tmp_path, monkeypatch, unpinned):
     """The chunk length is chosen from what a pass costs on the running machine: the table is measured
-    for each model at its compute type, once; a head file's tables (measured where it was trained) are
-    dropped at load, and a table given in the settings is used as given."""
+    for each decoder shape at its compute type, once per machine; a head file's tables (measured where
+    it was trained) are dropped at load, and a table given in the settings is used as given."""
     measured = []
     original = pass_costs._measure
 

@@ -120,7 +120,7 @@ def test_device_medusa_trees_are_the_best_first_trees(products):
         device = DeviceMedusa(heads, step, 3, width, nodes)
         for seed in range(3):
             torch.manual_seed(seed)
-            state = torch.randn(1, 1, 384)
+            state = torch.randn(1, 1, model.dims.n_text_state)
             with torch.no_grad():
                 device.advance(state, torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, dtype=torch.long),
                                torch.ones(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), nodes)

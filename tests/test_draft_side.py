@@ -104,13 +104,16 @@ def test_an_english_only_draft_rests_for_another_language(models):
     assert result.tokens == greedy.tokens and result.draft_proposed == 0
 
 
-def test_the_costs_are_measured_once_per_pair_of_models(models):
-    from medusa_whisper.drafting.pass_costs import draft_model_costs
+def test_the_costs_are_measured_once_per_pair_of_models(models, unpinned, monkeypatch):
+    from medusa_whisper.drafting import pass_costs
 
     main, tiny = models
-    passes, step = draft_model_costs(main, tiny, 3)
+    timed = []
+    real = pass_costs._draft_model_micros
+    monkeypatch.setattr(pass_costs, "_draft_model_micros", lambda *a: timed.append(a) or real(*a))
+    passes, step = pass_costs.draft_model_costs(main, tiny, 3)
     assert len(passes) == 3 and all(p > 0 for p in passes) and step > 0
-    assert draft_model_costs(main, tiny, 3) is draft_model_costs(main, tiny, 3)
+    assert pass_costs.draft_model_costs(main, tiny, 3) == (passes, step) and len(timed) == 1
 
 
 def test_a_pair_named_main_plus_draft_loads_the_main_model_with_that_draft():

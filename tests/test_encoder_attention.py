@@ -74,8 +74,8 @@ def test_a_float32_model_and_an_encoder_not_in_bfloat16_keep_whispers_attention(
     assert not any("qkv_attention" in m.__dict__ for m in model.modules())
 
 
-def test_the_choice_is_timed_once_per_machine(monkeypatch, tmp_path):
-    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+def test_the_choice_is_timed_once_per_machine(monkeypatch, unpinned):
+    tmp_path = unpinned
     encoder_attention._attention_dtype.cache_clear()
     chosen = encoder_attention.attention_dtype(2, 64, 16)
     assert chosen in (torch.bfloat16, torch.float32)

@@ -115,7 +115,7 @@ def test_fixed_loop_gives_the_eager_loops_tokens(name, timestamps, tiny_en, tiny
 def test_rejected_candidates_and_the_sample_limit(monkeypatch):
     """Random heads are mostly wrong (rollback every pass), and a random model never ends: it stops
     at sample_len, where the last passes have no room for candidates."""
-    model = randomize_heads(random_model(MedusaConfig(num_heads=4)))
+    model = randomize_heads(random_model(MedusaConfig(num_heads=4)), std=0.065)
     torch.manual_seed(3)
     mel = torch.randn(80, 3000)
     opts = options(without_timestamps=True)

@@ -1,16 +1,14 @@
-"""Every CPU kind met, replayed: docs/kinds/*.json (tools.bench kind-profile) hold each kind's job times
-and what measured fastest there; the package's choice rules, given those times, must choose it."""
+"""Every CPU kind met, replayed: medusa_whisper/kinds/*.json (tools.bench kind-profile) hold each kind's
+job times and what measured fastest there; the package's choice rules, given those times, must choose it."""
 
 import json
-from pathlib import Path
-
 import pytest
 
 from medusa_whisper import tuning
 from medusa_whisper.decoding.batches import choose_batch_size
-from medusa_whisper.step import encoder_form
+from medusa_whisper.step import encoder_form, kinds
 
-KINDS = sorted((Path(__file__).parent.parent / "docs" / "kinds").glob("*.json"))
+KINDS = sorted(kinds.KINDS_DIR.glob("*.json"))
 
 
 def rule(decision: str):

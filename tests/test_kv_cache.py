@@ -110,7 +110,7 @@ def test_compaction_keeps_scattered_accepted_slots(setup):
     step.values[..., :10, :] = -torch.arange(10.0)[:, None].to(step.values.dtype)
     step.compact(keep=[5, 7, 9], start=5)  # a tree branch: slots 5, 7, 9 were accepted
     assert step.keys[0, 0, 0, :8, 0].tolist() == [0, 1, 2, 3, 4, 5, 7, 9]
-    assert step.values[1, 0, 2, :8, 0].tolist() == [0, -1, -2, -3, -4, -5, -7, -9]
+    assert step.values[1, 0, -1, :8, 0].tolist() == [0, -1, -2, -3, -4, -5, -7, -9]
 
 
 def test_a_pass_past_the_cache_refuses(setup):

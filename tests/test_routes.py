@@ -12,8 +12,105 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medusa_whisper.step import cpu, projection, routes
+from medusa_whisper.step import cpu, kinds, projection, routes
 from medusa_whisper.step.routes import ROUNDS, ROW_COUNTS, WEIGHT_FIRST, WHISPER_ROUTE, RouteTable
+
+
+@pytest.fixture(autouse=True)
+def no_recorded_kinds(request, monkeypatch):
+    """These tests time choices as on a CPU kind never recorded (replaying recorded kinds has its own
+    tests, which ask for ``recorded``)."""
+    if "recorded" not in request.fixturenames:
+        monkeypatch.setattr(kinds, "profiles", lambda: {})
+        monkeypatch.delenv(kinds.PIN_ENV, raising=False)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Two recorded kinds: one like the running CPU, one unlike it; returns them by name."""
+    here = kinds.this_cpu()
+    shape = ("linear", 96, 64, "float32")
+    named = {
+        "like-this": {"kind": "like-this", "cpu": here, "choices": {
+            routes._name(shape, 1): {"route": WEIGHT_FIRST, "us": {WEIGHT_FIRST: 1.0, WHISPER_ROUTE: 2.0}},
+            "a kernel": {"route": "y", "us": {"x": 2.0, "y": 1.0}},
+            "a job": {"route": "b", "us": {"a": 2.0, "b": 1.0}}}},
+        "unlike": {"kind": "unlike", "cpu": {"vendor": "elsewhere", "family": -1, "model": -1, "isa": "none"},
+                   "choices": {
+            routes._name(shape, 1): {"route": WHISPER_ROUTE, "us": {WEIGHT_FIRST: 2.0, WHISPER_ROUTE: 1.0}},
+            routes._name(shape, 2): {"route": WEIGHT_FIRST, "us": {WEIGHT_FIRST: 1.0, WHISPER_ROUTE: 2.0}},
+            "a job": {"route": "a", "us": {"a": 1.0, "b": 2.0}}}}}
+    monkeypatch.setattr(kinds, "profiles", lambda: named)
+    monkeypatch.delenv(kinds.PIN_ENV, raising=False)
+    return named
+
+
+def refuse_timing(*args):
+    pytest.fail("timed")
+
+
+def test_an_unmeasured_choice_is_replayed_from_the_nearest_recorded_kind_that_holds_it(recorded, tmp_path):
+    assert kinds.ranked() == ["like-this", "unlike"]
+    path = tmp_path / "routes.json"
+    table = RouteTable(path, timer=refuse_timing)
+    shape = ("linear", 96, 64, "float32")
+    assert table.choose(shape, 1) == WEIGHT_FIRST  # the kind like this CPU
+    assert table.choose(shape, 3) == WEIGHT_FIRST  # only the unlike kind holds 2 rows
+    assert table.choose_kernel("a kernel", {"x": refuse_timing, "y": refuse_timing}) == "y"
+    assert table.costs("a job", refuse_timing, job=True) == {"a": 2.0, "b": 1.0}
+    assert table.choices["a job"]["predicted"] == "like-this" and not path.exists()  # nothing kept on disk
+    # a kind's kernel that is not among the candidates here is not replayed: timed
+    assert table.choose_kernel("a kernel", {"x": lambda: 1.0, "z": lambda: 2.0}) == "x"
+    # where no kind holds a job, its default; a cheap choice is timed
+    assert table.costs("another job", refuse_timing, job=True, default=lambda: {"safe": 1.0}) == {"safe": 1.0}
+    assert table.costs("a cost", lambda: {"one": 5.0}, default=lambda: {"one": 1.0}) == {"one": 5.0}
+    assert json.loads(path.read_text())["choices"].keys() == {"a kernel", "a cost"}
+
+
+def test_tune_times_what_a_first_run_replayed(recorded, tmp_path):
+    table = RouteTable(tmp_path / "routes.json", timer=fake_timer([]))
+    assert table.costs("a job", refuse_timing, job=True) == {"a": 2.0, "b": 1.0}
+    table.timing = "jobs"
+    assert table.costs("a job", lambda: {"a": 1.0, "b": 3.0}, job=True) == {"a": 1.0, "b": 3.0}
+    assert table.choose(("linear", 96, 64, "float32"), 1) == WEIGHT_FIRST  # a route is the kind's still ...
+    every = RouteTable(tmp_path / "routes.json", timer=fake_timer([]))
+    every.timing = "all"
+    assert every.choose(("linear", 96, 64, "float32"), 1) == WHISPER_ROUTE  # ... until every choice is timed
+    assert RouteTable(tmp_path / "routes.json", timer=refuse_timing).costs("a job", refuse_timing, job=True) \
+        == {"a": 1.0, "b": 3.0}  # measured here now: kept for the next process
+
+
+def test_a_pinned_table_times_nothing_writes_nothing_and_replays_its_kind_first(recorded, tmp_path, monkeypatch):
+    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+    monkeypatch.setenv(kinds.PIN_ENV, "unlike")
+    monkeypatch.setattr(routes, "time_route", refuse_timing)
+    table = routes.table()
+    assert table.pinned == "unlike" and table.path is None
+    shape = ("linear", 96, 64, "float32")
+    assert table.choose(shape, 1) == WHISPER_ROUTE  # the pinned kind's, though another kind is nearer here
+    assert table.choose(shape, 16) == WHISPER_ROUTE  # held by no kind: whisper's route, untimed
+    assert table.choose_kernel("a kernel", {"x": refuse_timing, "y": refuse_timing}) == "y"  # a nearer kind's
+    assert table.choose_kernel("no kind's", {"x": refuse_timing, "y": refuse_timing}) == "x"  # the first
+    assert table.costs("a job", refuse_timing, job=True) == {"a": 1.0, "b": 2.0}
+    assert table.costs("a cost", refuse_timing, default=lambda: {"one": 1.0}) == {"one": 1.0}
+    assert not (tmp_path / "routes").exists()
+    monkeypatch.setenv(kinds.PIN_ENV, "no-such-kind")
+    with pytest.raises(ValueError, match="no such recorded CPU kind"):
+        routes.table()
+
+
+def test_the_nearest_kind_shares_the_isa_first_then_the_vendor_family_and_model(monkeypatch):
+    amx = "avx2 avx512f avx512_vnni avx_vnni avx512_bf16 amx_bf16 amx_int8"
+    named = {"epyc-23": {"cpu": {"vendor": "AuthenticAMD", "family": 23, "model": 1, "isa": "avx2"}},
+             "epyc-25": {"cpu": {"vendor": "AuthenticAMD", "family": 25, "model": 1, "isa": "avx2"}},
+             "xeon-amx": {"cpu": {"vendor": "GenuineIntel", "family": 6, "model": 143, "isa": amx}},
+             "xeon-noamx": {"cpu": {"vendor": "GenuineIntel", "family": 6, "model": 207,
+                                    "isa": "avx2 avx512f avx512_vnni avx_vnni avx512_bf16"}}}
+    monkeypatch.setattr(kinds, "profiles", lambda: named)
+    assert kinds.ranked({"vendor": "AuthenticAMD", "family": 25, "model": 17, "isa": "avx2"})[:2] == ["epyc-25", "epyc-23"]
+    assert kinds.ranked({"vendor": "GenuineIntel", "family": 6, "model": 207, "isa": amx})[:2] == ["xeon-amx", "xeon-noamx"]
+    assert kinds.ranked({"vendor": "GenuineIntel", "family": 6, "model": 85, "isa": "avx2 avx512f"})[0] == "xeon-noamx"
+    assert kinds.ranked({"vendor": "AuthenticAMD", "family": 26, "model": 2, "isa": "avx2 avx512f"})[0].startswith("epyc")
 
 
 def fake_timer(calls):
@@ -78,6 +175,7 @@ def test_a_second_process_reuses_the_measured_choices(tmp_path):
               "print(routes.table().measured, r)")
     env = {**os.environ, "MEDUSA_WHISPER_CACHE": str(tmp_path)}
     env.pop(routes.ROUTES_ENV, None)
+    env.pop(kinds.PIN_ENV, None)
     first, second = (subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                                     check=True).stdout.split() for _ in range(2))
     assert first[0] == "1" and second[0] == "0"

@@ -21,6 +21,18 @@ SMALL = ModelDimensions(n_mels=80, n_audio_ctx=1500, n_audio_state=64, n_audio_h
                         n_vocab=51864, n_text_ctx=448, n_text_state=64, n_text_head=2, n_text_layer=2)
 
 
+@pytest.fixture
+def timing(unpinned, monkeypatch):
+    """This machine's table, as ``medusa-whisper tune`` uses it: a job not measured here is timed
+    (a route on weights streamed from 1 MB, not the decoder's hundreds, where one is timed)."""
+    from medusa_whisper.step import routes
+
+    monkeypatch.setattr(routes, "streamed_bytes", lambda: 1 << 20)
+    table = routes.table()
+    table.timing = "jobs"
+    return table
+
+
 # --- the rules over measured costs ------------------------------------------------------------------
 
 
@@ -44,18 +56,23 @@ def test_the_compute_type_is_the_fastest_or_the_more_exact_within_a_tie():
 # --- the int8 encoder's form ----------------------------------------------------------------------
 
 
-def test_the_encoder_form_is_timed_once_per_machine_on_the_timing_clip(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+def test_the_encoder_form_is_predicted_until_tuned_then_timed_once_on_the_timing_clip(unpinned, monkeypatch, capsys):
+    from medusa_whisper.step import routes
+
+    with monkeypatch.context() as patched:
+        patched.setattr(encoder_form, "measure", lambda *a, **k: pytest.fail("timed before tune"))
+        assert compute.int8_encoder_form(SMALL) == "float32"  # no recorded kind holds this shape: the exact form
+    routes.table().timing = "jobs"
     mels = []
     real_mel = timing_clip.window_mel
     monkeypatch.setattr(timing_clip, "window_mel", lambda n_mels, length=30.0: mels.append(n_mels) or real_mel(n_mels))
     form = compute.int8_encoder_form(SMALL)
     assert form in encoder_form.FORMS and mels == [SMALL.n_mels]
-    saved = json.loads(next((tmp_path / "routes").glob("*.json")).read_text())["choices"][encoder_form.name(SMALL)]
+    saved = json.loads(next((unpinned / "routes").glob("*.json")).read_text())["choices"][encoder_form.name(SMALL)]
     assert encoder_form.choose(saved["us"]) == form
     assert {f"product {f}" for f in encoder_form.FORMS} <= set(saved["us"])  # every form's product shortlists
     timed_whole = [k for k in saved["us"] if k.startswith("encoder ")]
-    assert "encoder float32" in timed_whole or "encoder int8 rows" in timed_whole
+    assert sorted(timed_whole) == sorted(f"encoder {f}" for f in encoder_form.shortlisted(saved["us"]))
     said = capsys.readouterr().err
     assert "timing the int8 encoder" in said and f"-> {form}" in said  # what is timed, how long, the choice
     monkeypatch.setattr(encoder_form, "measure", lambda *a, **k: pytest.fail("timed again"))
@@ -107,39 +124,63 @@ def test_a_cached_conversion_made_with_another_encoder_form_is_converted_again(m
 # --- the compute type: auto -----------------------------------------------------------------------
 
 
-def test_auto_times_each_compute_type_once_and_loads_the_fastest(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+def _small_at(compute_type: str):
+    """A small random model at a compute type, for a job timed on it."""
+    model = random_model(MedusaConfig(num_heads=1), dims=SMALL)
+    return model if compute_type == "float32" else compute.apply_compute_type(model, compute_type)
+
+
+def test_auto_times_each_compute_type_once_on_a_window_and_keeps_the_fastest(timing, monkeypatch, capsys):
+    monkeypatch.setattr(tuning, "_bfloat16_shortlisted", lambda loaded: False)
     windows = []
     real_window = tuning.window_seconds
     monkeypatch.setattr(tuning, "window_seconds",
                         lambda model, mel: windows.append(compute.compute_type_of(model)) or real_window(model, mel))
-    model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type="auto")
+    model = tuning.fastest("small", torch.device("cpu"), _small_at)
     costs = model.compute_type_costs
-    assert compute.compute_type_of(model) == tuning.choose(costs)
-    assert {"float32", "int8"} <= set(costs) <= {"float32", "int8", "bfloat16"}
+    assert compute.compute_type_of(model) == tuning.choose(costs) and set(costs) == {"float32", "int8"}
     # a warm-up and one or two timings of each type, alternating
     rounds = len(windows) // len(costs)
     assert windows == list(costs) * rounds and 2 <= rounds <= 1 + JOB_ROUNDS
-    saved = json.loads(next((tmp_path / "routes").glob("*.json")).read_text())["choices"]
-    assert saved[tuning.job_name("tiny.en")]["us"] == pytest.approx(costs, abs=0.1)
+    saved = json.loads(next((timing.path.parent).glob("*.json")).read_text())["choices"]
+    assert saved[tuning.job_name("small")]["us"] == pytest.approx(costs, abs=0.1)
     said = capsys.readouterr().err
-    chosen = compute.compute_type_of(model)
-    assert "timing tiny.en at" in said and f"-> {chosen}" in said
-
-    loaded = []
-    real_load = medusa_whisper.loading.load_model
-
-    def load(*args, **kwargs):
-        loaded.append(kwargs.get("compute_type"))
-        return real_load(*args, **kwargs)
-    monkeypatch.setattr(medusa_whisper.loading, "load_model", load)
+    assert "timing small at" in said and f"-> {compute.compute_type_of(model)}" in said
     monkeypatch.setattr(tuning, "window_seconds", lambda *a: pytest.fail("timed again"))
-    again = load("tiny.en", device="cpu", compute_type="auto")
-    assert compute.compute_type_of(again) == chosen and loaded == ["auto", chosen]
+    assert compute.compute_type_of(tuning.fastest("small", torch.device("cpu"), _small_at)) == \
+        compute.compute_type_of(model)
+
+
+def test_a_first_run_times_no_job_and_takes_the_nearest_recorded_kinds_choice(unpinned, monkeypatch):
+    """What auto and the float32 routes would time is what the kind nearest this CPU measured; with
+    no recorded kind, float32 and whisper's products (the exact type, the plain route)."""
+    from medusa_whisper.step import kinds, routes
+
+    for module, name in ((tuning, "measure"), (tuning, "_time_routes"), (tuning, "measure_proposers"),
+                         (encoder_form, "measure")):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("a job timed on a first run"))
+    monkeypatch.setattr(kinds, "profiles", lambda: {})
+    model = tuning.fastest("small", torch.device("cpu"), _small_at)
+    assert compute.compute_type_of(model) == "float32" and tuning.float32_routes(model) is False
+    here = kinds.this_cpu()
+    recorded = {"kind": "like-this", "cpu": here, "choices": {
+        tuning.job_name("small"): {"route": "int8", "us": {"float32": 2.0e6, "int8": 1.0e6}},
+        tuning.routes_job_name(SMALL): {"route": "measured", "us": {"measured": 1.0e6, "whisper": 2.0e6}}}}
+    unlike = {"kind": "unlike", "cpu": {"vendor": "other", "isa": "none"}, "choices": {
+        tuning.job_name("small"): {"route": "float32", "us": {"float32": 1.0e6, "int8": 2.0e6}}}}
+    monkeypatch.setattr(kinds, "profiles", lambda: {"unlike": unlike, "like-this": recorded})
+    routes._TABLES.clear()
+    model = tuning.fastest("small", torch.device("cpu"), _small_at)
+    assert compute.compute_type_of(model) == "int8" and model.compute_type_costs == {"float32": 2.0e6, "int8": 1.0e6}
+    assert tuning.float32_routes(_small_at("float32")) is True
+    table = routes.table()
+    assert table.choices[tuning.job_name("small")]["predicted"] == "like-this"
+    kept = [json.loads(path.read_text())["choices"] for path in (unpinned / "routes").glob("*.json")]
+    assert not [name for table in kept for name in table if "job" in name]  # a prediction is not kept
+    assert any("predicted from like-this" in line for line in table.describe())
 
 
 def test_auto_is_named_in_a_transcriptions_statistics(monkeypatch, tmp_path):
-    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
     table = RouteTable(None)
     table.choices[tuning.job_name("tiny.en")] = {"route": "int8", "us": {"float32": 2.0e6, "int8": 1.0e6}}
     monkeypatch.setattr(tuning, "routes_table", lambda: table)
@@ -150,7 +191,6 @@ def test_auto_is_named_in_a_transcriptions_statistics(monkeypatch, tmp_path):
 
 
 def test_the_command_line_takes_auto_and_says_what_it_chose_when_verbose(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
     table = RouteTable(None)
     table.choices[tuning.job_name("tiny.en")] = {"route": "float32", "us": {"float32": 1.0e6, "int8": 1.5e6}}
     monkeypatch.setattr(tuning, "routes_table", lambda: table)
@@ -165,27 +205,30 @@ def test_the_command_line_takes_auto_and_says_what_it_chose_when_verbose(monkeyp
 # --- medusa-whisper tune --------------------------------------------------------------------------
 
 
-def test_tune_times_the_jobs_again_and_prints_what_it_chose(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
-    stale = {"route": "bfloat16", "us": {"float32": 9.0e6, "int8": 9.0e6, "bfloat16": 1.0}}
-    routes = tmp_path / "routes"
+def test_tune_times_the_jobs_again_and_prints_what_it_chose(unpinned, monkeypatch, capsys):
+    """Its plumbing, on jobs that cost nothing (each job's timing has its own test above)."""
+    from medusa_whisper.decoding import batches
     from medusa_whisper.step import routes as routes_module
+
+    stale = {"route": "bfloat16", "us": {"float32": 9.0e6, "int8": 9.0e6, "bfloat16": 1.0}}
     table = routes_module.table()
     table.choices[tuning.job_name("tiny.en")] = stale
     table._save()
     timed = []
-    real_measure = tuning.measure
-    monkeypatch.setattr(tuning, "measure", lambda *a, **k: timed.append(a[0]) or real_measure(*a, **k))
-    monkeypatch.setattr("medusa_whisper.decoding.batches.BATCH_SIZES", (1, 2))
+    monkeypatch.setattr(tuning, "measure", lambda name, *a, **k: timed.append(name) or {"float32": 2.0e6, "int8": 1.0e6})
+    monkeypatch.setattr(tuning, "_time_routes", lambda *a: timed.append("routes") or {"measured": 1.0, "whisper": 1.0})
+    monkeypatch.setattr(encoder_form, "measure", lambda *a, **k: timed.append("encoder") or
+                        {"product float32": 1.0, "encoder float32": 1.0})
+    monkeypatch.setattr(batches, "_job", lambda model, batch, n: {1: 3.0, 2: 1.0}.get(batch, 1.0))
+    monkeypatch.setattr(batches, "BATCH_SIZES", (1, 2))
     assert main(["tune", "--model", "tiny.en", "--threads", "2"]) == 0
     out = capsys.readouterr().out
-    assert timed == ["tiny.en"]  # the kept choice was timed again
-    saved = json.loads(next(routes.glob("*.json")).read_text())["choices"]
-    chosen = tuning.choose(saved[tuning.job_name("tiny.en")]["us"])
-    assert saved[tuning.job_name("tiny.en")]["us"] != stale["us"]
-    assert "compute type for tiny.en (auto):" in out and f"-> {chosen}" in out
-    if chosen == "int8":
-        assert "int8 encoder form" in out and "default --batch-size" in out
+    assert timed[0] == "tiny.en" and "encoder" in timed  # the kept choice was timed again, and the int8 encoder
+    saved = json.loads(next((unpinned / "routes").glob("*.json")).read_text())["choices"]
+    assert saved[tuning.job_name("tiny.en")]["us"] == {"float32": 2.0e6, "int8": 1.0e6}
+    assert "compute type for tiny.en (auto):" in out and "-> int8" in out
+    assert "int8 encoder form" in out and "default --batch-size" in out
+    assert not table.timing  # tune's timing ends with it
 
 
 def test_forgetting_drops_choices_in_memory_and_on_disk(tmp_path):
@@ -222,19 +265,22 @@ def test_the_float32_decoder_keeps_the_measured_routes_only_where_its_job_finds_
         routes.whispers_route_for([tuple(weight.shape), tuple(model.decoder.token_embedding.weight.shape)], False)
 
 
-def test_a_float32_load_times_its_routes_once_on_the_timing_clip(monkeypatch, tmp_path, capsys):
+def test_the_float32_routes_job_is_timed_once_on_the_timing_clip(timing, monkeypatch, capsys):
     from medusa_whisper.step import routes
 
-    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
-    model = medusa_whisper.load_model("tiny.en", device="cpu")
-    saved = json.loads(next((tmp_path / "routes").glob("*.json")).read_text())["choices"]
-    costs = saved[tuning.routes_job_name(model.dims)]["us"]
-    assert set(costs) == {"measured", "whisper"}
-    kept = costs["measured"] * tuning.TIE < costs["whisper"]
-    assert (tuple(model.decoder.token_embedding.weight.shape) in routes._JOB_SAYS_WHISPER) is not kept
-    assert "timing the float32 decoder's products" in capsys.readouterr().err
-    monkeypatch.setattr(tuning, "_time_routes", lambda *a: pytest.fail("timed again"))
-    medusa_whisper.load_model("tiny.en", device="cpu")
+    model = _small_at("float32")
+    try:
+        kept = tuning.float32_routes(model)
+        saved = json.loads(next(timing.path.parent.glob("*.json")).read_text())["choices"]
+        costs = saved[tuning.routes_job_name(model.dims)]["us"]
+        assert set(costs) == {"measured", "whisper"} and kept == (costs["measured"] * tuning.TIE < costs["whisper"])
+        assert (tuple(model.decoder.token_embedding.weight.shape) in routes._JOB_SAYS_WHISPER) is not kept
+        assert "timing the float32 decoder's products" in capsys.readouterr().err
+        monkeypatch.setattr(tuning, "_time_routes", lambda *a: pytest.fail("timed again"))
+        assert tuning.float32_routes(model) == kept
+    finally:
+        routes.whispers_route_for([tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+                                  + [tuple(model.decoder.token_embedding.weight.shape)], False)
 
 
 # --- the proposer of a -auto name (the default model) -------------------------------------------------
@@ -297,8 +343,8 @@ def _named_loads(monkeypatch, costs):
     return loads
 
 
-def test_an_auto_name_times_its_installed_proposers_once_and_decodes_with_the_fastest(monkeypatch, tmp_path):
-    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
+def test_an_auto_name_times_its_installed_proposers_once_and_decodes_with_the_fastest(timing, monkeypatch):
+    tmp_path = timing.path.parent.parent
     names = tuning.proposer_names("tiny.en")
     assert names[0] == "tiny.en" and {"tiny.en-medusa", "tiny.en-eagle", "tiny.en-ctc"} <= set(names)
     costs = {name: 2.0e6 for name in names}
@@ -324,8 +370,8 @@ def test_an_auto_name_times_its_installed_proposers_once_and_decodes_with_the_fa
 
 
 def test_an_auto_name_is_timed_again_when_its_installed_heads_change(monkeypatch, tmp_path):
-    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
     table = RouteTable(None)
+    table.timing = "jobs"  # tune's: a first run predicts instead (test_a_first_run_...)
     job = tuning.proposer_job_name("tiny.en", "int8", torch.device("cpu"))
     table.choices[job] = {"route": "", "us": _job({"tiny.en": 2.0, "tiny.en-medusa": 1.0})}
     monkeypatch.setattr(tuning, "routes_table", lambda: table)
@@ -339,7 +385,6 @@ def test_an_auto_name_is_timed_again_when_its_installed_heads_change(monkeypatch
 
 def test_the_default_command_says_which_proposer_it_took_when_verbose_and_times_none_for_mode_off(
         monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("MEDUSA_WHISPER_CACHE", str(tmp_path))
     table = RouteTable(None)
     costs = {name: 2.0e6 for name in tuning.proposer_names("tiny.en")}
     costs["tiny.en-eagle"] = 1.0e6

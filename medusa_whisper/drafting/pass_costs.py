@@ -10,7 +10,9 @@ is part of a captured pass does not on a CPU. How little
 depends on the CPU, its memory, the compute type and the model: on one 2-core EPYC, 32 rows of base
 cost 5.4 single-row passes at float32 and 2.8 at int8; on a CPU with AMX the int8 curve is flatter
 still. So the table is not written in the code or in a head's file: it is measured here, the first
-time a model drafts at its compute type, and kept on the model's decoder for the rest of the process.
+time a model of that shape drafts at its compute type (about a second), and kept with the kernel
+routes (``step/routes.py``) for every later model and process on this machine. A table pinned to a
+recorded kind replays that kind's costs, or ``DEFAULT_ROW_COST``'s where it holds none.
 """
 
 from __future__ import annotations
@@ -29,36 +31,57 @@ from .device.eagle import DeviceEagle, chain_depth
 
 CONTEXT = 60  # cached tokens before the timed rows: about the middle of a window's text
 ROUNDS = 3  # each row count is timed this often, interleaved with the others; its fastest round counts
-_MEMO = "_measured_pass_costs"  # attribute of the decoder: {(compute type, row counts): costs}
 CHAIN_DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8)  # the EAGLE chains weighed, at most as many as the head's record measured
+# Where nothing is measured (a table pinned to a kind that holds no such costs): each extra row, and
+# each drafted token, costs this much of a one-row pass, so that the proposers draft (tests exercise them)
+DEFAULT_ROW_COST = 0.1
+
+
+def _shape(model) -> str:
+    """What a pass's cost depends on: the decoder's shape, its compute type and device."""
+    dims = model.dims
+    return (f"{dims.n_text_layer}x{dims.n_text_state} vocab {dims.n_vocab} audio {dims.n_audio_ctx} "
+            f"{compute_type_of(model)} {model.decoder.positional_embedding.device.type}")
+
+
+def _kept(name: str, measure: Callable[[], Dict[str, float]], default: Callable[[], Dict[str, float]]) -> Dict[str, float]:
+    """Costs (alternative -> microseconds) measured once per machine and kept with the routes."""
+    from ..step.routes import table as routes_table
+
+    return routes_table().costs(name, measure, default=default)
 
 
 def measured_pass_costs(model, rows: Sequence[int], audio_features: Optional[Tensor] = None) -> Tuple[float, ...]:
     """The cost of a pass over each of ``rows`` new rows after a cache of CONTEXT tokens, divided by
-    the cost over ``rows[0]`` (1: plain decoding), measured once per model and compute type.
+    the cost over ``rows[0]`` (1: plain decoding), measured once per machine, decoder shape and
+    compute type.
 
     audio_features : shape = (1, n_audio_ctx, n_audio_state), the window being decoded (its values do
                      not change the time; its dtype and device do), or None for zeros in float32
     """
-    decoder = model.decoder
-    memo = decoder.__dict__.setdefault(_MEMO, {})
-    key = (compute_type_of(model), tuple(rows))
-    if key not in memo:
-        if audio_features is None:
+    rows = tuple(rows)
+
+    def measure() -> Dict[str, float]:
+        features = audio_features
+        if features is None:
             dims = model.dims
-            audio_features = torch.zeros(1, dims.n_audio_ctx, dims.n_audio_state,
-                                         device=decoder.positional_embedding.device)
-        memo[key] = _measure(model, tuple(rows), audio_features[:1])
-    return memo[key]
+            features = torch.zeros(1, dims.n_audio_ctx, dims.n_audio_state,
+                                   device=model.decoder.positional_embedding.device)
+        return _measure(model, rows, features[:1])
+
+    def default() -> Dict[str, float]:
+        return {str(n): 1 + DEFAULT_ROW_COST * (n - rows[0]) for n in rows}
+    us = _kept(f"pass costs {_shape(model)} rows {','.join(map(str, rows))}", measure, default)
+    return tuple(round(us[str(n)] / us[str(rows[0])], 3) for n in rows)
 
 
 @torch.no_grad()
-def _measure(model, rows: Tuple[int, ...], audio_features: Tensor) -> Tuple[float, ...]:
+def _measure(model, rows: Tuple[int, ...], audio_features: Tensor) -> Dict[str, float]:
     """Each count's pass (the decoder step on the CPU's products and the vocabulary) after CONTEXT
-    tokens, timed; its fastest round over the first count's."""
+    tokens, timed: its fastest round, in microseconds."""
     step, _ = _context_step(model, audio_features)
     best = _fastest({n: _pass(step, n) for n in rows}, audio_features.device)
-    return tuple(round(best[n] / best[rows[0]], 3) for n in rows)
+    return {str(n): best[n] * 1e6 for n in rows}
 
 
 def _context_step(model, audio_features: Tensor):
@@ -104,24 +127,35 @@ def chosen_chain_depth(model, head) -> int:
     """The EAGLE chain length that makes a token cheapest on the running machine, where the host
     accepts (``chain_depth``): the head's held-out acceptance at each depth (its record), the
     decoder's pass over each number of rows and the head's drafting of each chain, measured once
-    per model and compute type. The default length where the record has no acceptance."""
+    per machine, model shape and compute type. The default length where the record has no acceptance."""
     accepted = tuple(head.config.accepted_at_depth)
     if not accepted:
         return DRAFT_TOKENS
     depths = CHAIN_DEPTHS[:len(accepted)]
-    memo = model.decoder.__dict__.setdefault(_MEMO, {})
-    key = (compute_type_of(model), "eagle chain", depths)
-    if key not in memo:
-        memo[key] = measure_chains(model, head, depths)
-    pass_costs, draft_costs = memo[key]
-    return chain_depth(accepted, pass_costs, draft_costs)
+
+    def default() -> Dict[str, float]:
+        return {"pass@1": 1.0, **{f"pass@{1 + d}": 1 + DEFAULT_ROW_COST * d for d in depths},
+                **{f"chain@{d}": DEFAULT_ROW_COST * d for d in depths}}
+    us = _kept(f"eagle chain costs {_shape(model)} depths {len(depths)}",
+               lambda: _chain_micros(model, head, depths), default)
+    one = us["pass@1"]
+    return chain_depth(accepted, tuple(us[f"pass@{1 + d}"] / one for d in depths),
+                       tuple(us[f"chain@{d}"] / one for d in depths))
 
 
-@torch.no_grad()
 def measure_chains(model, head, depths: Tuple[int, ...]) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
     """Over a one-row pass after CONTEXT tokens: the pass over 1 + d rows and the head's advance
     that drafts a chain of d (its commit of two rows, the pending token and one accepted, then the
     chain), for each d of ``depths``; the fastest of interleaved rounds."""
+    us = _chain_micros(model, head, depths)
+    one = us["pass@1"]
+    return (tuple(round(us[f"pass@{1 + d}"] / one, 3) for d in depths),
+            tuple(round(us[f"chain@{d}"] / one, 3) for d in depths))
+
+
+@torch.no_grad()
+def _chain_micros(model, head, depths: Tuple[int, ...]) -> Dict[str, float]:
+    """Microseconds of the passes over 1 and 1 + d rows ("pass@n") and of the chains ("chain@d")."""
     dims, device = model.dims, model.decoder.positional_embedding.device
     features = torch.zeros(1, dims.n_audio_ctx, dims.n_audio_state, device=device)
     step, hidden = _context_step(model, features)
@@ -136,31 +170,30 @@ def measure_chains(model, head, depths: Tuple[int, ...]) -> Tuple[Tuple[float, .
     runs.update({("chain", d): (lambda c=chain: c.advance(hidden[:, CONTEXT - 2:], history, start, two, greedy, None))
                  for d, chain in chains.items()})
     best = _fastest(runs, device)
-    one = best[("pass", 1)]
-    return (tuple(round(best[("pass", 1 + d)] / one, 3) for d in depths),
-            tuple(round(best[("chain", d)] / one, 3) for d in depths))
+    return {f"{kind}@{n}": seconds * 1e6 for (kind, n), seconds in best.items()}
 
 
 def draft_model_costs(model, draft, depths: int) -> Tuple[Tuple[float, ...], float]:
     """The main model's pass over 1 + d rows for d = 1 .. ``depths`` and one step of the draft model
     (attending over half a window's positions: the draft encodes the audio only, draft_audio.py), in
-    the main model's one-row passes; measured once per pair of models and compute types."""
-    memo = model.decoder.__dict__.setdefault(_MEMO, {})
-    key = (compute_type_of(model), "draft model", compute_type_of(draft), tuple(vars(draft.dims).values()), depths)
-    if key not in memo:
-        memo[key] = _measure_draft_model(model, draft, depths)
-    return memo[key]
+    the main model's one-row passes; measured once per machine and pair of model shapes and compute types."""
+    def default() -> Dict[str, float]:
+        return {"pass@1": 1.0, **{f"pass@{1 + d}": 1 + DEFAULT_ROW_COST * d for d in range(1, depths + 1)},
+                "draft": DEFAULT_ROW_COST}
+    us = _kept(f"draft model costs {_shape(model)} draft {_shape(draft)} depths {depths}",
+               lambda: _draft_model_micros(model, draft, depths), default)
+    one = us["pass@1"]
+    return tuple(round(us[f"pass@{1 + d}"] / one, 3) for d in range(1, depths + 1)), round(us["draft"] / one, 3)
 
 
 @torch.no_grad()
-def _measure_draft_model(model, draft, depths: int) -> Tuple[Tuple[float, ...], float]:
+def _draft_model_micros(model, draft, depths: int) -> Dict[str, float]:
+    """Microseconds of the main model's passes over 1 .. 1 + ``depths`` rows ("pass@n") and of a draft step."""
     def zeros(m, positions: int) -> Tensor:
         return torch.zeros(1, positions, m.dims.n_audio_state, device=m.decoder.positional_embedding.device)
 
     step, _ = _context_step(model, zeros(model, model.dims.n_audio_ctx))
     draft_step, _ = _context_step(draft, zeros(draft, draft.dims.n_audio_ctx // 2))
-    runs = {n: _pass(step, n) for n in range(1, depths + 2)}
+    runs = {f"pass@{n}": _pass(step, n) for n in range(1, depths + 2)}
     runs["draft"] = _pass(draft_step, 1)
-    best = _fastest(runs, step.device)
-    one = best[1]
-    return tuple(round(best[1 + d] / one, 3) for d in range(1, depths + 1)), round(best["draft"] / one, 3)
+    return {name: seconds * 1e6 for name, seconds in _fastest(runs, step.device).items()}

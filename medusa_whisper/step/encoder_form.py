@@ -55,8 +55,10 @@ def name(dims: ModelDimensions) -> str:
 
 
 def costs(dims: ModelDimensions, convert: Convert) -> Dict[str, float]:
-    """What ``measure`` timed for an int8 encoder of these dimensions on this machine (timed on first use)."""
-    return routes_table().costs(name(dims), lambda: measure(dims, convert))
+    """What ``measure`` timed for an int8 encoder of these dimensions on this machine; until timed here
+    (``medusa-whisper tune``), a recorded kind's, else float32's (the most exact form)."""
+    return routes_table().costs(name(dims), lambda: measure(dims, convert), job=True,
+                                default=lambda: {"product float32": 1.0, "encoder float32": 1.0})
 
 
 def chosen(dims: ModelDimensions, convert: Convert) -> str:

@@ -18,6 +18,11 @@ version and the thread count. A second process on the same machine measures noth
 
 ``MEDUSA_WHISPER_ROUTES=whisper`` skips the measuring and always takes whisper's route (e.g. for
 a reproducible comparison with ``whisper.decode``).
+
+The same table keeps every other choice timed on this machine (kernels, costs, jobs: ``RouteTable``).
+A job's choice is predicted from the recorded CPU kinds until ``medusa-whisper tune`` times it here,
+and ``MEDUSA_WHISPER_KIND=<kind>`` replays one recorded kind's choices without timing anything
+(``step/kinds.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..paths import atomic_path, cache_dir
+from . import kinds
+from .kinds import isa_features  # noqa: F401 (the benches name the CPU with it)
 
 log = logging.getLogger(__name__)
 
@@ -111,53 +118,36 @@ def dispatch_caps() -> str:
     return " ".join(f"{name}={os.environ[name]}" for name in DISPATCH_ENV if os.environ.get(name))
 
 
-# instruction sets that decide which kernels are fast (or exact: see int8_kernels.activation_range)
-ISA = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-
-
-def isa_features() -> str:
-    """The ISA features of ``ISA`` this CPU has, e.g. "avx2 avx512f avx512_vnni"."""
-    flags = _flags().split()
-    return " ".join(f for f in ISA if f in flags) or "none of " + ", ".join(ISA)
-
-
-@functools.lru_cache(maxsize=1)
-def _flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == "flags":
-                return value.strip()
-    except OSError:
-        pass
-    return ""
-
-
-@functools.lru_cache(maxsize=1)
 def _cpu() -> Tuple[str, str]:
     """The CPU's model name and a digest of its feature flags."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == "model name":
-                model = value.strip()
-                break
-    except OSError:
-        pass
-    return model, hashlib.sha256(_flags().encode()).hexdigest()[:12]
+    model = kinds.cpuinfo().get("model name") or platform.processor() or platform.machine()
+    return model, hashlib.sha256(kinds.flags().encode()).hexdigest()[:12]
 
 
 class RouteTable:
-    """The measured choices of one machine, torch and thread count; read from and written to ``path``.
+    """The choices of one machine, torch and thread count; read from and written to ``path``.
+
+    A choice not measured on this machine is replayed from the recorded CPU kinds (``_replayed``:
+    the pinned kind, else the kind nearest this CPU that holds it), so that a first run waits for no
+    timing. Only where no recorded kind holds it is it timed here, once, and kept: a route or a
+    kernel (a fraction of a second), or costs (``costs``). A job's choice (seconds to minutes:
+    ``costs(..., job=True)``) is then its caller's ``default`` instead. ``medusa-whisper tune`` sets
+    ``timing``: "jobs" times the jobs not measured here, "all" every choice. A pinned table times
+    nothing: the kind's choice, a nearer kind's, or the default.
 
     The first product of a weight shape times both routes for every row count in ``ROW_COUNTS``
     at once (a fraction of a second per shape), so the streamed weights are made once and freed.
     """
 
-    def __init__(self, path: Optional[Path], timer: Optional[Callable[[Shape, int, str], float]] = None):
-        self.path = path
+    def __init__(self, path: Optional[Path], timer: Optional[Callable[[Shape, int, str], float]] = None,
+                 pinned: Optional[str] = None):
+        self.path = None if pinned else path
         self.timer = timer or time_route
+        # a recorded kind (step/kinds.py) whose choices this table replays: nothing is timed or written
+        self.pinned = pinned
+        if pinned:
+            kinds.profile(pinned)  # an unknown kind is an error now, not a silent default later
+        self.timing = ""  # tune: "jobs" or "all", what is timed where it is not measured here
         self.choices: Dict[str, dict] = {}
         self.measured = 0  # shapes this process timed (the rest came from the file)
         self._known: Dict[Tuple[Shape, int], str] = {}
@@ -165,26 +155,28 @@ class RouteTable:
         # reentrant: a measurement may need another choice first (a pass timed for the batch size
         # meets the many-rows kernel of its prompt, measured on first use)
         self._lock = threading.RLock()
-        if path is not None and path.exists():
+        if self.path is not None and self.path.exists():
             try:
-                self.choices = dict(json.loads(path.read_text(encoding="utf-8"))["choices"])
+                self.choices = dict(json.loads(self.path.read_text(encoding="utf-8"))["choices"])
             except (OSError, ValueError, KeyError, TypeError):
-                log.warning("%s: unreadable kernel-route cache; measuring again", path)
+                log.warning("%s: unreadable kernel-route cache; measuring again", self.path)
 
     def choose(self, shape: Shape, rows: int) -> str:
         """The route for ``rows`` rows (1..MAX_MEASURED_ROWS): that of the largest measured count <= rows."""
         known = self._known.get((shape, rows))
         if known is not None:
             return known
-        bucket = max(n for n in ROW_COUNTS if n <= rows)
-        entry = self.choices.get(_name(shape, bucket))
-        suspect = entry is not None and entry.get("suspect") and entry.get("attempts", 1) < MAX_ATTEMPTS
-        if entry is None or entry.get("route") not in ROUTES or (suspect and shape not in self._retried):
+        name = _name(shape, max(n for n in ROW_COUNTS if n <= rows))
+        entry = self._kept(name, lambda found: found.get("route") in ROUTES)
+        if entry is None and self.timing != "all":
+            entry = self._replayed(name, (lambda: {"route": WHISPER_ROUTE}) if self.pinned else None,
+                                   lambda found: found.get("route") in ROUTES)
+        if entry is None:
             with self._lock:
                 self._retried.add(shape)  # a suspect choice is timed again once per process
                 with _own_random_state():
                     self._measure(shape)
-            entry = self.choices[_name(shape, bucket)]
+            entry = self.choices[name]
         self._known[(shape, rows)] = entry["route"]
         return entry["route"]
 
@@ -194,25 +186,79 @@ class RouteTable:
         hold for every row count (an int8 kernel decides a row's bits, and lossless decoding needs a
         row to get the same bits in any pass). Timed again by a later process when the machine
         looked busy (``Preemptions``), and when the candidates are not those timed (a kernel added
-        to the choice, or one that does not run here). A timer makes its random inputs when it is called, not before:
-        called here, it draws from the measurement's own random state (``_own_random_state``)."""
-        entry = self.choices.get(name)
-        if entry is None or set(entry.get("us", ())) != set(candidates) or self._timed_again(name, entry):
+        to the choice, or one that does not run here). A recorded kind's choice is replayed where it
+        is one of ``candidates``; a pinned table with none takes the first. A timer makes its random
+        inputs when it is called, not before: called here, it draws from the measurement's own
+        random state (``_own_random_state``)."""
+        entry = self._kept(name, lambda found: set(found.get("us", ())) == set(candidates))
+        if entry is None and self.timing != "all":
+            entry = self._replayed(name, (lambda: {"route": next(iter(candidates))}) if self.pinned else None,
+                                   lambda found: found.get("route") in candidates)
+        if entry is None:
             entry = self._timed(name, lambda: {kernel: timer() for kernel, timer in candidates.items()})
         return entry["route"]
 
     def costs(self, name: str, measure: Callable[[], Dict[str, float]],
-              alternatives: Optional[Iterable[str]] = None) -> Dict[str, float]:
-        """Measured costs of the alternatives called ``name`` (alternative -> microseconds), by
-        ``measure()`` once per machine and kept with the routes; for choices whose rule is the
-        caller's (e.g. the batch size, ``batches.default_batch_size``). Timed again by a later
-        process when the machine looked busy (``Preemptions``), and, where the caller says which
-        ``alternatives`` it measures, when those kept are others (as ``choose_kernel``'s candidates)."""
-        entry = self.choices.get(name)
-        if (entry is None or not entry.get("us") or self._timed_again(name, entry)
-                or (alternatives is not None and set(entry["us"]) != set(alternatives))):
+              alternatives: Optional[Iterable[str]] = None, *, job: bool = False,
+              default: Optional[Callable[[], Dict[str, float]]] = None) -> Dict[str, float]:
+        """Costs of the alternatives called ``name`` (alternative -> microseconds), by ``measure()``
+        once per machine and kept with the routes, for choices whose rule is the caller's (e.g. the
+        batch size, ``batches.default_batch_size``). Timed again by a later process when the machine
+        looked busy (``Preemptions``), and, where the caller says which ``alternatives`` it
+        measures, when those kept are others (as ``choose_kernel``'s candidates). Until then a
+        recorded kind's costs are replayed; where none holds them, a ``job`` (whose timing takes
+        seconds) and a pinned table take ``default()``, the costs that make the caller's rule take
+        its safe choice."""
+        wanted = None if alternatives is None else set(alternatives)
+
+        def fits(found: dict) -> bool:
+            return bool(found.get("us")) and (wanted is None or set(found["us"]) == wanted)
+        timed_here = self.timing == "all" or (job and self.timing == "jobs")
+        entry = self._kept(name, fits, timed_here)
+        if entry is None and not timed_here:
+            entry = self._replayed(name, (lambda: {"us": default()}) if default and (job or self.pinned) else None,
+                                   fits)
+        if entry is None:
+            if self.pinned:
+                log.warning("the pinned kind %s holds no %r and it has no default: timed", self.pinned, name)
             entry = self._timed(name, measure)
         return dict(entry["us"])
+
+    def predicted_from(self, name: str) -> Optional[str]:
+        """Where this process's choice ``name`` came from when it was not measured here: a recorded
+        kind's name, or "default"; None where it was measured here (or is not held)."""
+        return self.choices.get(name, {}).get("predicted")
+
+    def _kept(self, name: str, fits: Callable[[dict], bool], timed_here: Optional[bool] = None) -> Optional[dict]:
+        """The choice ``name`` as this table holds it, where it ``fits`` the caller's alternatives and
+        is not due another timing: measured here (and not while the machine looked busy, below), or
+        predicted in this process unless it is to be ``timed_here`` (a route's or kernel's: with
+        every choice)."""
+        entry = self.choices.get(name)
+        if entry is None or not fits(entry):
+            return None
+        if entry.get("predicted"):
+            return None if (self.timing == "all" if timed_here is None else timed_here) else entry
+        return None if self._timed_again(name, entry) else entry
+
+    def _replayed(self, name: str, default: Optional[Callable[[], dict]] = None,
+                  fits: Callable[[dict], bool] = lambda entry: True) -> Optional[dict]:
+        """The choice ``name`` as the pinned kind, or the recorded kind nearest this CPU, holds it
+        (where it ``fits`` the caller's alternatives), else ``default()``; kept in memory only,
+        marked ``predicted`` with where it came from. None where neither has it."""
+        found = kinds.recorded(name, first=self.pinned, fits=fits)
+        if found is not None:
+            entry = {**found[1], "predicted": found[0]}
+        elif default is not None:
+            entry = {**default(), "predicted": "default"}
+            entry.setdefault("route", min(entry.get("us") or {"": 0}, key=(entry.get("us") or {"": 0}).get))
+        else:
+            return None
+        entry.pop("suspect", None)
+        with self._lock:
+            self.choices[name] = entry
+        log.info("%s predicted from %s: %s", name, entry["predicted"], entry.get("route", entry.get("us")))
+        return entry
 
     def forget(self, prefix: str) -> List[str]:
         """Drop the kept choices whose names start with ``prefix``, so that their next use times them
@@ -234,8 +280,10 @@ class RouteTable:
 
     def _timed_again(self, name: str, entry: dict) -> bool:
         """Whether a kept choice was timed while the machine looked busy and is due another timing:
-        once per process, up to MAX_ATTEMPTS timings in all."""
-        return bool(entry.get("suspect")) and entry.get("attempts", 1) < MAX_ATTEMPTS and name not in self._retried
+        once per process (a route's shape or a choice's name), up to MAX_ATTEMPTS timings in all."""
+        shape = _shape_of(name)
+        return (bool(entry.get("suspect")) and entry.get("attempts", 1) < MAX_ATTEMPTS
+                and name not in self._retried and shape not in self._retried)
 
     def _timed(self, name: str, measure: Callable[[], Dict[str, float]]) -> dict:
         """Run ``measure`` (alternative -> microseconds) and keep its result as the choice ``name``."""
@@ -263,6 +311,8 @@ class RouteTable:
             times = ", ".join(f"{k} {v:g} us" for k, v in sorted(entry.get("us", {}).items(),
                                                                     key=lambda kv: _order(kv[0])))
             flag = " (timed while the machine looked busy)" if entry.get("suspect") else ""
+            if entry.get("predicted"):
+                flag = f" (predicted from {entry['predicted']}, not timed here)"
             lines.append(f"  {name}: {entry.get('route')} [{times}]{flag}")
         return lines
 
@@ -304,7 +354,8 @@ class RouteTable:
             on_disk = json.loads(self.path.read_text(encoding="utf-8"))["choices"] if self.path.exists() else {}
         except (OSError, ValueError, KeyError, TypeError):
             on_disk = {}
-        merged = {**on_disk, **self.choices}  # another process may have added its own choices
+        measured = {name: entry for name, entry in self.choices.items() if not entry.get("predicted")}
+        merged = {**on_disk, **measured}  # another process may have added its own choices
         try:
             with atomic_path(self.path) as tmp:
                 tmp.write_text(json.dumps({"machine": machine_id(), "choices": merged}, indent=1, sort_keys=True),
@@ -376,6 +427,12 @@ def plausible(measured: Dict[int, Dict[str, float]]) -> bool:
                for i, fewer in enumerate(counts) for more in counts[i + 1:] for route in measured[fewer])
 
 
+def _shape_of(name: str) -> Optional[Shape]:
+    """The shape a route's name ("linear 384x384 float32 rows=2") names; None for other choices."""
+    match = re.fullmatch(r"(linear|projection) (\d+)x(\d+) (\w+) rows=\d+", name)
+    return None if match is None else (match[1], int(match[2]), int(match[3]), match[4])
+
+
 def _name(shape: Shape, rows: Optional[int] = None) -> str:
     kind, n_out, n_in, dtype = shape
     return f"{kind} {n_out}x{n_in} {dtype}" + ("" if rows is None else f" rows={rows}")
@@ -432,11 +489,12 @@ def table() -> RouteTable:
     """This process's table for the current machine, torch, thread count and cache folder."""
     ident = machine_id()
     folder = cache_dir()
-    key = (tuple(sorted(ident.items())), str(folder))
+    pinned = os.environ.get(kinds.PIN_ENV) or None
+    key = (tuple(sorted(ident.items())), str(folder), pinned)
     found = _TABLES.get(key)
     if found is None:
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-        found = _TABLES[key] = RouteTable(folder / "routes" / f"{digest}.json")
+        found = _TABLES[key] = RouteTable(folder / "routes" / f"{digest}.json", pinned=pinned)
     return found
 
 

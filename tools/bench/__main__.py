@@ -25,7 +25,7 @@ COMMANDS = {
     "rows": Command("tools.bench.matmul_rows", "x @ W.T or W @ x.T for a decoder step's few rows on this CPU"),
     "static-step": Command("tools.bench.static_step", "a static-shape decoder step, eager and compiled"),
     "gpu": Command("tools.bench.gpu", "issue 34 on a CUDA machine: every system, one pass profiled, capture times"),
-    "kind-profile": Command("tools.bench.kind_profile", "this CPU kind's profile as data (docs/kinds/), replayed by tests"),
+    "kind-profile": Command("tools.bench.kind_profile", "this CPU kind's profile as data (medusa_whisper/kinds/), replayed by tests and by first runs"),
     "wer": Command("tools.bench.wer_compare", "paired bootstrap of WER between systems on the same recordings"),
 }
 

@@ -2,7 +2,8 @@
 
     python -m tools.bench kind-profile --kind epyc-avx2-family23 --jobs bench_out/kind_jobs.json
 
-Writes ``docs/kinds/<kind>.json``:
+Writes ``medusa_whisper/kinds/<kind>.json`` (shipped with the package, see ``step/kinds.py``), keeping
+what an earlier run wrote there beside what it measures afresh:
 
 - ``cpu``: the identity (vendor, family, model, model name, the ISA features that decide kernels,
   cores, last-level cache); ``torch``, ``threads``, ``model``, ``commit``, ``measured``;
@@ -26,44 +27,33 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Tuple
 
 import torch
 
 from tools import ROOT
 
-KINDS = ROOT / "docs" / "kinds"
+from medusa_whisper.step.kinds import KINDS_DIR as KINDS, PIN_ENV
 
 
 def cpu_identity() -> Dict[str, object]:
-    """What tells one CPU kind from another: /proc/cpuinfo's vendor, family, model and name, the
-    ISA features the kernels dispatch on, the cores and the last-level cache."""
-    from medusa_whisper.step.routes import isa_features
+    """What tells one CPU kind from another (``kinds.this_cpu``: vendor, family, model, name, the ISA
+    features the kernels dispatch on), with the cores and the last-level cache."""
+    from medusa_whisper.step.kinds import this_cpu
 
-    fields: Dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            name, _, value = line.partition(":")
-            name = name.strip()
-            if name in ("vendor_id", "cpu family", "model", "model name") and name not in fields:
-                fields[name] = value.strip()
-    except OSError:
-        pass
     try:
         l3 = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
     except OSError:
         l3 = "unknown"
-    return {"vendor": fields.get("vendor_id", platform.processor()), "family": int(fields.get("cpu family", -1)),
-            "model": int(fields.get("model", -1)), "model_name": fields.get("model name", platform.machine()),
-            "isa": isa_features(), "cores": os.cpu_count(), "l3": l3}
+    return {**this_cpu(), "cores": os.cpu_count(), "l3": l3}
 
 
-def calibration(model_name: str) -> Dict[str, Dict[str, object]]:
-    """The job choices timed afresh (a cache of this run's own), as the package keeps them."""
+def calibration(model_name: str) -> Tuple[Dict[str, Dict[str, object]], Dict[str, dict]]:
+    """The job choices timed afresh (a cache of this run's own, no kind pinned), by decision, and every
+    choice the package timed meanwhile under its route-table name (the kind file's ``choices``)."""
     from medusa_whisper import load_model, tuning
     from medusa_whisper.decoding.batches import BATCH_JOB_PREFIX, choose_batch_size
     from medusa_whisper.step import encoder_form
@@ -71,6 +61,7 @@ def calibration(model_name: str) -> Dict[str, Dict[str, object]]:
 
     with tempfile.TemporaryDirectory() as cache:
         os.environ["MEDUSA_WHISPER_CACHE"] = cache
+        os.environ.pop(PIN_ENV, None)
         device = torch.device("cpu")
         model, _ = tuning.tune(model_name, device, lambda t: load_model(model_name, device="cpu", compute_type=t))
         if tuning.auto_base(model_name + tuning.AUTO_SUFFIX):  # the proposer -auto takes, at the type chosen
@@ -90,7 +81,9 @@ def calibration(model_name: str) -> Dict[str, Dict[str, object]]:
                 found["proposer"] = {"us": costs, "chosen": tuning.choose_proposer(model_name, costs)}
             elif name.startswith(BATCH_JOB_PREFIX):
                 found["batch width"] = {"us": costs, "chosen": choose_batch_size({int(k): v for k, v in costs.items()})}
-    return found
+    kept = {name: {key: value for key, value in entry.items() if key != "suspect"} for name, entry in choices.items()
+            if not entry.get("predicted")}
+    return found, dict(sorted(kept.items()))
 
 
 def plot(profile: dict, out: Path) -> None:
@@ -133,12 +126,16 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    profile = {"kind": args.kind, "cpu": cpu_identity(), "torch": torch.__version__, "threads": args.threads,
-               "model": args.model, "commit": commit, "measured": datetime.date.today().isoformat(),
-               "calibration": calibration(args.model)}
+    out = args.out or KINDS / f"{args.kind}.json"
+    # a kind met before keeps what its benches recorded (jobs, parts, rows); the calibration is new
+    profile = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
+    found, choices = calibration(args.model)
+    profile.update({"kind": args.kind, "cpu": cpu_identity(), "torch": torch.__version__, "threads": args.threads,
+                    "model": args.model, "commit": commit, "measured": datetime.date.today().isoformat(),
+                    "calibration": found, "choices": choices,
+                    "choices_what": f"the choices the package timed during the calibration (main {commit})"})
     if args.jobs is not None:
         profile.update(json.loads(args.jobs.read_text(encoding="utf-8")))
-    out = args.out or KINDS / f"{args.kind}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(profile, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out}")
