@@ -67,3 +67,15 @@ def feed(step, tokens, start, positions=None, mask=None):
     positions = torch.arange(start, start + n) if positions is None else positions
     mask = chain_mask(start, n, "cpu") if mask is None else mask
     return step.pass_at(torch.tensor([list(tokens)]), positions, start, mask)
+
+
+def tiered(cases, fast: int = 1, ids=None):
+    """``cases`` as pytest parameters: the first ``fast`` run in the fast tier (``make test``), the
+    rest in the slow tier (``make test-slow``), so that a check over many clips keeps one in the
+    fast tier and loses none."""
+    import pytest
+
+    ids = ids or [str(i) for i in range(len(cases))]
+    return [pytest.param(*(case if isinstance(case, tuple) else (case,)), id=name,
+                         marks=() if i < fast else pytest.mark.slow)
+            for i, (case, name) in enumerate(zip(cases, ids))]

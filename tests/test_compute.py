@@ -20,7 +20,7 @@ from medusa_whisper.step.projection import project
 from medusa_whisper.step.projection import Int8Projection
 from medusa_whisper.step.int8_kernels import dynamic_prepack, dynamic_reduce_range
 
-from helpers import random_model, randomize_heads, with_heads
+from helpers import random_model, randomize_heads, tiered, with_heads
 
 DATA = Path(__file__).parent / "data"
 JFK = DATA / "real" / "jfk.flac"
@@ -187,7 +187,7 @@ def _check_lossless(base, compute_type, clips):
         assert tree.tokens == greedy.tokens, f"{clip.name}, {compute_type}: heads tree"
 
 
-@pytest.mark.parametrize("compute_type", TYPES)
+@pytest.mark.parametrize("compute_type", tiered(TYPES, ids=TYPES))  # bfloat16 in the slow tier
 def test_tiny_en_lossless_equals_greedy_at_the_same_compute_type(tiny_en, compute_type):
     # bfloat16 verifies row by row (see HalfLinear.rows_alone), which is slow: one clip in the quick set
     _check_lossless(tiny_en, compute_type, [JFK] + ([DATA / "flite_train.flac"] if compute_type == "int8" else []))

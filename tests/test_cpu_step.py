@@ -20,7 +20,7 @@ from medusa_whisper.drafting.factory import device_spec, make_proposer
 from medusa_whisper.decoding.loop import WindowDecoder
 
 from conftest import CLIPS, DATA
-from helpers import feed, window_step
+from helpers import feed, tiered, window_step
 
 REAL = DATA / "real" / "jfk.flac"
 
@@ -37,47 +37,49 @@ def window(model, mel, **options):
     return opts, DecodingTask(model, opts), features
 
 
+@pytest.mark.parametrize("windows", tiered([[(REAL, False), (CLIPS[0], True)],
+                                            [(REAL, True), (CLIPS[0], False), (CLIPS[1], False), (CLIPS[1], True)]],
+                                           ids=["two", "four-more"]))
 @pytest.mark.parametrize("compute_type", ["float32", "int8"])
-def test_plain_decoding_on_the_cpus_products_is_the_eager_loops(compute_type, monkeypatch):
+def test_plain_decoding_on_the_cpus_products_is_the_eager_loops(compute_type, windows, monkeypatch):
     model = medusa_whisper.load_model("tiny.en", device="cpu", compute_type=compute_type)
     decoder = WindowDecoder(model, torch.float32, torch.device("cpu"), products="cpu")
     monkeypatch.setenv(loop.STEP_ENV, "eager")
-    for clip in (REAL, *CLIPS[:2]):
-        for timestamps in (False, True):
-            mel = mel_of(clip)
-            opts, task, features = window(model, mel, without_timestamps=not timestamps)
-            eager = decode(model, mel, opts, mode="off")
-            generation = decoder.generate(task, features, list(task.initial_tokens), task.logit_filters,
-                                          ProposerStats())
-            assert generation.tokens[task.sample_begin:] == [*eager.tokens, task.tokenizer.eot], (clip.name, timestamps)
-            assert generation.sum_logprob / (len(eager.tokens) + 1) == pytest.approx(eager.avg_logprob, abs=1e-5)
+    for clip, timestamps in windows:
+        mel = mel_of(clip)
+        opts, task, features = window(model, mel, without_timestamps=not timestamps)
+        eager = decode(model, mel, opts, mode="off")
+        generation = decoder.generate(task, features, list(task.initial_tokens), task.logit_filters,
+                                      ProposerStats())
+        assert generation.tokens[task.sample_begin:] == [*eager.tokens, task.tokenizer.eot], (clip.name, timestamps)
+        assert generation.sum_logprob / (len(eager.tokens) + 1) == pytest.approx(eager.avg_logprob, abs=1e-5)
 
 
 @pytest.mark.parametrize("name,extra", [("tiny.en-eagle", dict(draft_tokens=3)),
                                         ("tiny.en-eagle", dict(tree_width=2, tree_nodes=6)),
                                         ("tiny.en-ctc", {}), ("tiny.en-medusa", {})])
-def test_speculation_on_the_cpus_int8_products_is_plain_int8_greedy(name, extra, monkeypatch):
+@pytest.mark.parametrize("clip", tiered([REAL, CLIPS[0]], ids=["real", "espeak"]))
+def test_speculation_on_the_cpus_int8_products_is_plain_int8_greedy(name, extra, clip, monkeypatch):
     """Bit-exact lossless at int8: the proposers' tokens, verified in the pass by the device's
     acceptance and between passes by the host's (the CPU's default, same passes as ``decode``), are
     plain decoding's, every row multiplied and attended as alone."""
     model = medusa_whisper.load_model(name, device="cpu", compute_type="int8")
     monkeypatch.setenv(loop.STEP_ENV, "eager")
-    for clip in (REAL, CLIPS[0]):
-        mel = mel_of(clip)
-        opts, task, features = window(model, mel, **extra)
-        plain = decode(model, mel, opts, mode="off")
-        host = decode(model, mel, opts)
-        expected = [*plain.tokens, task.tokenizer.eot]
-        in_pass = WindowDecoder(model, torch.float32, torch.device("cpu"), device_spec(model, opts), products="cpu")
-        generation = in_pass.generate(task, features, list(task.initial_tokens), task.logit_filters, ProposerStats())
-        assert generation.tokens[task.sample_begin:] == expected, clip.name
-        assert generation.decoder_steps < len(expected)
-        host_loop = loop.decoder_for(model, features, opts)  # the CPU's: the host's acceptance
-        proposer = make_proposer(model, features, "en", opts, task, in_pass=host_loop.proposer)
-        generation = host_loop.generate(task, features, list(task.initial_tokens), task.logit_filters,
-                                        ProposerStats(), proposer)
-        assert generation.tokens[task.sample_begin:] == expected, clip.name
-        assert generation.decoder_steps == host.decoder_steps, clip.name
+    mel = mel_of(clip)
+    opts, task, features = window(model, mel, **extra)
+    plain = decode(model, mel, opts, mode="off")
+    host = decode(model, mel, opts)
+    expected = [*plain.tokens, task.tokenizer.eot]
+    in_pass = WindowDecoder(model, torch.float32, torch.device("cpu"), device_spec(model, opts), products="cpu")
+    generation = in_pass.generate(task, features, list(task.initial_tokens), task.logit_filters, ProposerStats())
+    assert generation.tokens[task.sample_begin:] == expected, clip.name
+    assert generation.decoder_steps < len(expected)
+    host_loop = loop.decoder_for(model, features, opts)  # the CPU's: the host's acceptance
+    proposer = make_proposer(model, features, "en", opts, task, in_pass=host_loop.proposer)
+    generation = host_loop.generate(task, features, list(task.initial_tokens), task.logit_filters,
+                                    ProposerStats(), proposer)
+    assert generation.tokens[task.sample_begin:] == expected, clip.name
+    assert generation.decoder_steps == host.decoder_steps, clip.name
 
 
 def test_the_cpus_default_is_the_one_loop_on_its_own_products(monkeypatch):

@@ -306,6 +306,7 @@ def check_against_ctranslate2(model_dir: Path, checkpoint: dict, clips) -> None:
         assert _normalise(ours.text) == _normalise("".join(s.text for s in segments)), clip.name
 
 
+@pytest.mark.slow  # beside faster-whisper, a peer in the same process; conversion is checked above
 def test_tiny_en_decodes_like_ctranslate2_and_faster_whisper(clips):
     config_dir, parts = _offline("tiny.en")
     checkpoint = convert_ctranslate2(config_dir, parts)

@@ -163,13 +163,9 @@ def test_tiny_en_lossless_equals_whisper_greedy_on_every_other_clip(tiny_en, cli
     _check_lossless_on_clips(tiny_en, clips[1:])
 
 
+@pytest.mark.slow  # the fast tier decodes with timestamps through every proposer (test_device_proposers)
 def test_tiny_en_lossless_with_timestamps(tiny_en, clips):
-    _check_lossless_on_clips(tiny_en, clips[1:2], timestamps=True)
-
-
-@pytest.mark.slow
-def test_tiny_en_lossless_with_timestamps_on_another_clip(tiny_en, clips):
-    _check_lossless_on_clips(tiny_en, clips[:1], timestamps=True)
+    _check_lossless_on_clips(tiny_en, clips[:2], timestamps=True)
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ from medusa_whisper.step.cpu import step_on
 from medusa_whisper.step.fixed import FixedStep
 
 from conftest import CLIPS, DATA
-from helpers import random_model, randomize_heads
+from helpers import random_model, randomize_heads, tiered
 from reference_drafts import best_first, eagle_chain, eagle_tree
 
 REAL = DATA / "real" / "jfk.flac"
@@ -334,25 +334,28 @@ def load_with(name, extra, device="cpu", **kwargs):
     return model, extra
 
 
+WINDOWS = [(REAL, False), (CLIPS[0], True), (REAL, True), (CLIPS[0], False)]
+
+
+@pytest.mark.parametrize("clip,timestamps", tiered(WINDOWS, fast=2, ids=["real", "espeak-timestamps",
+                                                                       "real-timestamps", "espeak"]))
 @pytest.mark.parametrize("name,extra", DEVICE_PROPOSERS, ids=[f"{n}{e}" for n, e in DEVICE_PROPOSERS])
-def test_device_proposers_give_greedy_tokens(name, extra, monkeypatch):
+def test_device_proposers_give_greedy_tokens(name, extra, clip, timestamps, monkeypatch):
     """Lossless: the tokens of plain greedy decoding, with and without timestamps. The Medusa and
     EAGLE heads propose what they propose on the host, so their passes are the host loop's too."""
     model, extra = load_with(name, extra)
-    for clip in (REAL, CLIPS[0]):
-        for timestamps in (False, True):
-            mel = mel_of(clip)
-            opts = options(without_timestamps=not timestamps)
-            monkeypatch.setenv(loop.STEP_ENV, "eager")
-            plain = decode(model, mel, opts, mode="off")
-            host = decode(model, mel, opts, **extra)
-            monkeypatch.setenv(loop.STEP_ENV, "fixed")
-            fixed = decode(model, mel, opts, **extra)
-            assert fixed.tokens == plain.tokens, (clip.name, timestamps)
-            assert fixed.avg_logprob == pytest.approx(plain.avg_logprob, abs=1e-4)
-            assert fixed.decoder_steps < fixed.tokens_produced  # candidates were accepted
-            if "ctc" not in name:
-                assert fixed.decoder_steps == host.decoder_steps, (clip.name, timestamps)
+    mel = mel_of(clip)
+    opts = options(without_timestamps=not timestamps)
+    monkeypatch.setenv(loop.STEP_ENV, "eager")
+    plain = decode(model, mel, opts, mode="off")
+    host = decode(model, mel, opts, **extra)
+    monkeypatch.setenv(loop.STEP_ENV, "fixed")
+    fixed = decode(model, mel, opts, **extra)
+    assert fixed.tokens == plain.tokens, (clip.name, timestamps)
+    assert fixed.avg_logprob == pytest.approx(plain.avg_logprob, abs=1e-4)
+    assert fixed.decoder_steps < fixed.tokens_produced  # candidates were accepted
+    if "ctc" not in name:
+        assert fixed.decoder_steps == host.decoder_steps, (clip.name, timestamps)
     decoder = next(d for d in model.fixed_decoders.values() if d.drafts_in_pass)
     assert decoder.proposer is not None and not decoder.trees  # no tree came from the host
     if "ctc" in extra or name.endswith("-ctc"):  # tree passes where, and only where, the second branch goes

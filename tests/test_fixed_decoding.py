@@ -29,7 +29,7 @@ from medusa_whisper.step.fixed import FixedStep
 from medusa_whisper.drafting.tree_layout import TreeLayout
 
 from conftest import CLIPS, DATA
-from helpers import random_model, randomize_heads, window_step
+from helpers import random_model, randomize_heads, tiered, window_step
 from reference_drafts import best_first
 
 REAL = DATA / "real" / "jfk.flac"
@@ -91,11 +91,12 @@ def test_step_states_equal_the_eager_decoder_for_a_chain_and_a_tree(tiny_en, rea
         assert not torch.allclose(fixed[0, 2], fixed[0, 4], atol=1e-2)  # siblings at one position differ
 
 
+@pytest.mark.parametrize("clips", tiered([[REAL], CLIPS[:2]], ids=["real", "synthetic"]))
 @pytest.mark.parametrize("timestamps", [False, True])
 @pytest.mark.parametrize("name", ["tiny.en", "tiny.en-medusa"])
-def test_fixed_loop_gives_the_eager_loops_tokens(name, timestamps, tiny_en, tiny_en_medusa, monkeypatch):
+def test_fixed_loop_gives_the_eager_loops_tokens(name, timestamps, clips, tiny_en, tiny_en_medusa, monkeypatch):
     model = tiny_en if name == "tiny.en" else tiny_en_medusa
-    for clip in [REAL] + CLIPS[:2]:
+    for clip in clips:
         mel = mel_of(clip)
         opts = options(without_timestamps=not timestamps)
         eager = decode_with("eager", monkeypatch, model, mel, opts)

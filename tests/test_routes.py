@@ -171,7 +171,8 @@ def test_an_unreadable_cache_file_is_measured_again(tmp_path):
 def test_a_second_process_reuses_the_measured_choices(tmp_path):
     # as on an idle machine (a busy one makes the next process time its choices again: tested below)
     script = ("import torch; from medusa_whisper.step import routes; torch.set_num_threads(2); "
-              "routes._preemptions = lambda: 0; w = torch.randn(96, 64); r = routes.route_for('linear', w, 1); "
+              "routes._preemptions = lambda: 0; routes.streamed_bytes = lambda: 1 << 20; "
+              "w = torch.randn(96, 64); r = routes.route_for('linear', w, 1); "
               "print(routes.table().measured, r)")
     env = {**os.environ, "MEDUSA_WHISPER_CACHE": str(tmp_path)}
     env.pop(routes.ROUTES_ENV, None)
