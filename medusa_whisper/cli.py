@@ -351,17 +351,19 @@ def build_parser() -> argparse.ArgumentParser:
                             description="List the model names --model accepts.")
     m.set_defaults(run=_models)
 
-    u = commands.add_parser("tune", help="time this machine's choices again and print them",
-                            description="Time again, on the timing clip the package carries, what this machine "
-                                        "chose for a model: the compute type that --compute-type auto takes, the "
-                                        "int8 encoder's form and the batch width for several files; then print "
-                                        "what was measured and chosen (kept per machine, torch and thread count).")
+    u = commands.add_parser("tune", help="time this machine's choices and print them",
+                            description="Time on this machine, on the timing clip the package carries, the choices "
+                                        "a first run takes from the recorded CPU kind nearest it: for a model, the "
+                                        "compute type that --compute-type auto takes, the proposer of a -auto name, "
+                                        "the int8 encoder's form, float32's products and the batch width for several "
+                                        "files; then print what was measured and chosen (kept per machine, torch and "
+                                        "thread count, and used from then on).")
     u.add_argument("--model", default=None, metavar="NAME|PATH", help="default: medusa_whisper.DEFAULT_MODEL")
     u.add_argument("--device", type=_device, default=None, help="cpu, cuda, ... (default: cuda when available)")
     u.add_argument("--threads", type=_threads, default=0, metavar="N", help="CPU threads for torch (0: torch's choice)")
     _option(u, "--model-dir", default=None, metavar="DIR", help="folder of openai-whisper checkpoints")
     u.add_argument("--kernels", action="store_true",
-                   help="time every kernel choice again too (the products' routes and kernels)")
+                   help="time every kernel choice here too (the products' routes and kernels, the pass costs)")
     u.set_defaults(run=_tune)
     return parser
 

@@ -11,12 +11,14 @@ proposer), alternating, and keeps the one that took least time. Within ``TIE`` o
 type is kept (float32 is openai-whisper's own output). bfloat16 is timed only where its products are
 not far slower than float32's (the int8 encoder's timing shortlists it, ``step/encoder_form.py``).
 
-Measured once per machine (CPU, flags, torch, threads) and model name, kept with the kernel routes
-(``step/routes.py``); the first run says what it times and how long it took. The other choices timed
-on a job: the int8 encoder's form (``step/encoder_form.py``) and the batch width for several files
-(``decoding/batches.py``), and the proposer of a name that asks for the fastest one (``tiny.en-auto``,
-the default model: ``fastest_proposer``). ``medusa-whisper tune`` times all of them again and prints
-them (``tune``).
+Timed once per machine (CPU, flags, torch, threads) and model name by ``medusa-whisper tune``
+(``tune``), which prints what it times and chose, and kept with the kernel routes
+(``step/routes.py``). Until then a job is not timed: its choice is the recorded CPU kind nearest this
+one's (``step/kinds.py``), or its safe default (float32, plain decoding, whisper's products), so that
+a first run waits for nothing. The other choices timed on a job: the int8 encoder's form
+(``step/encoder_form.py``), the batch width for several files (``decoding/batches.py``), and the
+proposer of a name that asks for the fastest one (``tiny.en-auto``, the default model:
+``fastest_proposer``).
 """
 
 from __future__ import annotations

@@ -234,6 +234,7 @@ def run_cli(*args):
                           text=True, cwd=ROOT, env=env, timeout=120)
 
 
+@pytest.mark.slow  # the CLI in its own process
 def test_module_entry_point_version_and_missing_file(tmp_path):
     version = run_cli("--version")
     assert (version.returncode, version.stdout.strip()) == (0, f"medusa-whisper {medusa_whisper.__version__}")

@@ -334,11 +334,11 @@ def load_with(name, extra, device="cpu", **kwargs):
     return model, extra
 
 
-WINDOWS = [(REAL, False), (CLIPS[0], True), (REAL, True), (CLIPS[0], False)]
+WINDOWS = [(REAL, True), (CLIPS[0], False), (REAL, False), (CLIPS[0], True)]
 
 
-@pytest.mark.parametrize("clip,timestamps", tiered(WINDOWS, fast=2, ids=["real", "espeak-timestamps",
-                                                                       "real-timestamps", "espeak"]))
+@pytest.mark.parametrize("clip,timestamps", tiered(WINDOWS, ids=["real-timestamps", "espeak", "real",
+                                                                "espeak-timestamps"]))
 @pytest.mark.parametrize("name,extra", DEVICE_PROPOSERS, ids=[f"{n}{e}" for n, e in DEVICE_PROPOSERS])
 def test_device_proposers_give_greedy_tokens(name, extra, clip, timestamps, monkeypatch):
     """Lossless: the tokens of plain greedy decoding, with and without timestamps. The Medusa and

@@ -156,12 +156,12 @@ def _with_head(head, folder, monkeypatch):
 CLIPS = [DATA / "real" / "jfk.flac", DATA / "espeak_weather.flac", DATA / "flite_recipe.flac"]
 
 
-@pytest.mark.parametrize("clips", tiered([CLIPS[:1], CLIPS[1:]], ids=["real", "synthetic"]))
+@pytest.mark.parametrize("speech", tiered([CLIPS[:1], CLIPS[1:]], ids=["real", "synthetic"]))
 @pytest.mark.parametrize("without_timestamps", [True, False], ids=["no-timestamps", "timestamps"])
-def test_eagle_decoding_is_lossless_on_real_speech(tiny_en, trained, tmp_path, monkeypatch, without_timestamps, clips):
+def test_eagle_decoding_is_lossless_on_real_speech(tiny_en, trained, tmp_path, monkeypatch, without_timestamps, speech):
     head, _ = trained
     model = _with_head(head, tmp_path, monkeypatch)
-    for clip in clips:
+    for clip in speech:
         mel = whisper.log_mel_spectrogram(whisper.pad_or_trim(load_audio(clip)))
         options = dict(language="en", fp16=False, without_timestamps=without_timestamps)
         expected = whisper.decode(tiny_en, mel, whisper.DecodingOptions(**options))

@@ -91,12 +91,12 @@ def test_step_states_equal_the_eager_decoder_for_a_chain_and_a_tree(tiny_en, rea
         assert not torch.allclose(fixed[0, 2], fixed[0, 4], atol=1e-2)  # siblings at one position differ
 
 
-@pytest.mark.parametrize("clips", tiered([[REAL], CLIPS[:2]], ids=["real", "synthetic"]))
+@pytest.mark.parametrize("speech", tiered([[REAL], CLIPS[:2]], ids=["real", "synthetic"]))
 @pytest.mark.parametrize("timestamps", [False, True])
 @pytest.mark.parametrize("name", ["tiny.en", "tiny.en-medusa"])
-def test_fixed_loop_gives_the_eager_loops_tokens(name, timestamps, clips, tiny_en, tiny_en_medusa, monkeypatch):
+def test_fixed_loop_gives_the_eager_loops_tokens(name, timestamps, speech, tiny_en, tiny_en_medusa, monkeypatch):
     model = tiny_en if name == "tiny.en" else tiny_en_medusa
-    for clip in clips:
+    for clip in speech:
         mel = mel_of(clip)
         opts = options(without_timestamps=not timestamps)
         eager = decode_with("eager", monkeypatch, model, mel, opts)

@@ -220,6 +220,7 @@ def test_an_int8_tree_with_forced_fallback_equals_int8_plain_decoding_from_the_s
     assert result["medusa"]["fallback_windows"] >= 1 and result["medusa"]["tokens_per_step"] > 1.0
 
 
+@pytest.mark.slow  # long form, the CLI in its own process
 def test_initial_prompt_is_carried_into_every_window(block_model, monkeypatch):
     import importlib
 
@@ -243,6 +244,7 @@ def test_initial_prompt_is_carried_into_every_window(block_model, monkeypatch):
     assert len(prompts[1]) > len(prompt_tokens), "the second window also sees the first window's text"
 
 
+@pytest.mark.slow  # long form, the CLI in its own process
 def test_module_entry_point_transcribes_with_word_timestamps_to_srt(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "medusa_whisper.cli", "transcribe", str(DATA / "flite_train.flac"),

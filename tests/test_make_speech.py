@@ -168,6 +168,7 @@ def neural_clips(tmp_path_factory):
 
 
 @needs_neural
+@pytest.mark.slow  # the neural voices, synthesised
 def test_neural_voices_write_16k_mono_speech_of_plausible_length(neural_clips):
     for name, (path, seconds) in neural_clips.items():
         info = sf.info(str(path))

@@ -59,6 +59,7 @@ def int8_model():
     return medusa_whisper.load_model("tiny.en", device="cpu", compute_type="int8")
 
 
+@pytest.mark.slow  # long form over a real recording
 def test_chunks_decoded_side_by_side_give_each_chunk_its_own_result_on_the_recordings_clock(recording, int8_model):
     duration = len(load_audio(recording)) / SECOND
     result = medusa_whisper.transcribe(int8_model, str(recording), vad_chunks=True, batch_size=3,
@@ -81,6 +82,7 @@ def test_chunks_decoded_side_by_side_give_each_chunk_its_own_result_on_the_recor
     assert "fellow Americans" in result["text"]
 
 
+@pytest.mark.slow  # long form over a real recording
 def test_cli_vad_chunks_writes_subtitles_in_order(recording, int8_model, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(medusa_whisper, "load_model", lambda *args, **kwargs: int8_model)
     out = tmp_path / "out"
@@ -128,6 +130,7 @@ def gap_recording(tmp_path_factory):
     return path, len(speech) / SECOND
 
 
+@pytest.mark.slow  # long form over a real recording
 def test_vad_filter_skips_the_silence_and_keeps_the_recordings_clock(gap_recording, int8_model):
     path, speech_seconds = gap_recording
     gap_end = speech_seconds + 40
@@ -147,6 +150,7 @@ def test_vad_filter_skips_the_silence_and_keeps_the_recordings_clock(gap_recordi
     assert [s["start"] for s in result["segments"]] == sorted(s["start"] for s in result["segments"])
 
 
+@pytest.mark.slow  # long form over a real recording
 def test_cli_vad_filter_writes_the_recordings_times_and_refuses_vad_chunks_with_it(gap_recording, int8_model,
                                                                                   tmp_path, monkeypatch, capsys):
     path, speech_seconds = gap_recording

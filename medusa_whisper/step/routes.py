@@ -168,7 +168,7 @@ class RouteTable:
             return known
         name = _name(shape, max(n for n in ROW_COUNTS if n <= rows))
         entry = self._kept(name, lambda found: found.get("route") in ROUTES)
-        if entry is None and self.timing != "all":
+        if entry is None and self.timing != "all" and not self._measured_here(name):
             entry = self._replayed(name, (lambda: {"route": WHISPER_ROUTE}) if self.pinned else None,
                                    lambda found: found.get("route") in ROUTES)
         if entry is None:
@@ -191,7 +191,7 @@ class RouteTable:
         inputs when it is called, not before: called here, it draws from the measurement's own
         random state (``_own_random_state``)."""
         entry = self._kept(name, lambda found: set(found.get("us", ())) == set(candidates))
-        if entry is None and self.timing != "all":
+        if entry is None and self.timing != "all" and not self._measured_here(name):
             entry = self._replayed(name, (lambda: {"route": next(iter(candidates))}) if self.pinned else None,
                                    lambda found: found.get("route") in candidates)
         if entry is None:
@@ -215,7 +215,7 @@ class RouteTable:
             return bool(found.get("us")) and (wanted is None or set(found["us"]) == wanted)
         timed_here = self.timing == "all" or (job and self.timing == "jobs")
         entry = self._kept(name, fits, timed_here)
-        if entry is None and not timed_here:
+        if entry is None and not timed_here and not (self._measured_here(name) and fits(self.choices[name])):
             entry = self._replayed(name, (lambda: {"us": default()}) if default and (job or self.pinned) else None,
                                    fits)
         if entry is None:
@@ -228,6 +228,11 @@ class RouteTable:
         """Where this process's choice ``name`` came from when it was not measured here: a recorded
         kind's name, or "default"; None where it was measured here (or is not held)."""
         return self.choices.get(name, {}).get("predicted")
+
+    def _measured_here(self, name: str) -> bool:
+        """Whether this machine holds a timing of ``name`` (then due again, it is timed, not replayed)."""
+        entry = self.choices.get(name)
+        return entry is not None and not entry.get("predicted") and not self.pinned
 
     def _kept(self, name: str, fits: Callable[[dict], bool], timed_here: Optional[bool] = None) -> Optional[dict]:
         """The choice ``name`` as this table holds it, where it ``fits`` the caller's alternatives and

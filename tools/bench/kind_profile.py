@@ -51,7 +51,7 @@ def cpu_identity() -> Dict[str, object]:
     return {**this_cpu(), "cores": os.cpu_count(), "l3": l3}
 
 
-def calibration(model_name: str) -> Tuple[Dict[str, Dict[str, object]], Dict[str, dict]]:
+def calibration(model_name: str, also: Tuple[str, ...] = ()) -> Tuple[Dict[str, Dict[str, object]], Dict[str, dict]]:
     """The job choices timed afresh (a cache of this run's own, no kind pinned), by decision, and every
     choice the package timed meanwhile under its route-table name (the kind file's ``choices``)."""
     from medusa_whisper import load_model, tuning
@@ -63,10 +63,16 @@ def calibration(model_name: str) -> Tuple[Dict[str, Dict[str, object]], Dict[str
         os.environ["MEDUSA_WHISPER_CACHE"] = cache
         os.environ.pop(PIN_ENV, None)
         device = torch.device("cpu")
-        model, _ = tuning.tune(model_name, device, lambda t: load_model(model_name, device="cpu", compute_type=t))
+        from medusa_whisper.step.routes import table
+        # every choice timed here (kernels too), none replayed from another kind
+        model, _ = tuning.tune(model_name, device, lambda t: load_model(model_name, device="cpu", compute_type=t),
+                               kernels=True)
+        table().timing = "all"
         if tuning.auto_base(model_name + tuning.AUTO_SUFFIX):  # the proposer -auto takes, at the type chosen
             load_model(model_name + tuning.AUTO_SUFFIX, device="cpu", compute_type=compute_type_of(model))
-        from medusa_whisper.step.routes import table
+        for other in also:  # their float32 jobs (the routes, the proposer of -auto) for the kind's choices
+            load_model(other + tuning.AUTO_SUFFIX if tuning.auto_base(other + tuning.AUTO_SUFFIX) else other,
+                       device="cpu")
         choices = table().choices
         found = {}
         for name, entry in choices.items():
@@ -77,7 +83,7 @@ def calibration(model_name: str) -> Tuple[Dict[str, Dict[str, object]], Dict[str
                 found["compute type"] = {"us": costs, "chosen": tuning.choose(costs)}
             elif name == tuning.routes_job_name(model.dims):
                 found["float32 routes"] = {"us": costs, "chosen": tuning.choose_routes(costs)}
-            elif name.startswith(tuning.PROPOSER_JOB_PREFIX):
+            elif name.startswith(f"{tuning.PROPOSER_JOB_PREFIX}{model_name} "):
                 found["proposer"] = {"us": costs, "chosen": tuning.choose_proposer(model_name, costs)}
             elif name.startswith(BATCH_JOB_PREFIX):
                 found["batch width"] = {"us": costs, "chosen": choose_batch_size({int(k): v for k, v in costs.items()})}
@@ -112,6 +118,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", required=True, help="the file's name, e.g. epyc-avx2-family23")
     parser.add_argument("--model", default="base")
+    parser.add_argument("--also", nargs="*", default=["tiny.en"], metavar="MODEL",
+                        help="models whose float32 jobs are timed too, for the kind's choices (the default "
+                             "command's tiny.en-auto: its proposer and float32 routes)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--jobs", type=Path, default=None,
                         help="JSON with 'jobs', 'fastest' and 'rows' from this machine's benches")
@@ -129,7 +138,7 @@ def main() -> int:
     out = args.out or KINDS / f"{args.kind}.json"
     # a kind met before keeps what its benches recorded (jobs, parts, rows); the calibration is new
     profile = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
-    found, choices = calibration(args.model)
+    found, choices = calibration(args.model, tuple(args.also))
     profile.update({"kind": args.kind, "cpu": cpu_identity(), "torch": torch.__version__, "threads": args.threads,
                     "model": args.model, "commit": commit, "measured": datetime.date.today().isoformat(),
                     "calibration": found, "choices": choices,
