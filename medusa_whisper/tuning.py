@@ -138,7 +138,7 @@ def proposer_job_name(base: str, compute_type: str, device: torch.device) -> str
 
 def costs_by_proposer(costs: Dict[str, float]) -> Dict[str, Dict[str, float]]:
     """The proposer job's costs ("name@seconds" -> microseconds) by name: {name: {seconds: us}}; a
-    name without "@seconds" is one job's time (a kind's real recordings, docs/kinds/)."""
+    name without "@seconds" is one job's time (a kind's real recordings, medusa_whisper/kinds/)."""
     named: Dict[str, Dict[str, float]] = {}
     for key, us in costs.items():
         name, at, length = key.rpartition("@")

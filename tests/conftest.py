@@ -47,12 +47,14 @@ def pytest_report_header(config):
 
 @pytest.fixture
 def unpinned(tmp_path, monkeypatch):
-    """A test of timing itself: choices are timed or replayed on this machine as a user's are, into a
-    routes table of this test's own (its folder returned; the weights cache stays the session's),
-    and none of its timings is left to later tests."""
+    """A test of timing itself: choices are timed as a user's are on a CPU kind never recorded (no
+    kind to replay: a test that wants some sets ``kinds.profiles``), into a routes table of this
+    test's own (its folder returned; the weights cache stays the session's), and none of its
+    timings is left to later tests."""
     from medusa_whisper.step import compute, routes
 
     monkeypatch.delenv(kinds.PIN_ENV, raising=False)
+    monkeypatch.setattr(kinds, "profiles", lambda: {})
     folder = tmp_path / "unpinned"
     monkeypatch.setattr(routes, "cache_dir", lambda: folder)
     memos = (compute._many_rows_kernel, compute._many_rows_from)
