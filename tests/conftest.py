@@ -55,6 +55,7 @@ def unpinned(tmp_path, monkeypatch):
 
     monkeypatch.delenv(kinds.PIN_ENV, raising=False)
     monkeypatch.setattr(kinds, "profiles", lambda: {})
+    monkeypatch.setattr(routes, "streamed_bytes", lambda: 1 << 20)  # a route timed on 1 MB, not hundreds
     folder = tmp_path / "unpinned"
     monkeypatch.setattr(routes, "cache_dir", lambda: folder)
     memos = (compute._many_rows_kernel, compute._many_rows_from)
@@ -68,7 +69,7 @@ def unpinned(tmp_path, monkeypatch):
 @pytest.fixture
 def measure_afresh(tmp_path, monkeypatch):
     """A function that makes every kernel choice from then on be measured again on first use (as a
-    fresh install measures), into a table of this test's own; no choice measured so is left to
+    fresh install on a kind never recorded measures), into a table of this test's own; no choice measured so is left to
     later tests. Returns the routes module, whose ``table()`` is then that table."""
     from medusa_whisper.step import compute, routes
 
@@ -76,6 +77,7 @@ def measure_afresh(tmp_path, monkeypatch):
 
     def afresh():
         monkeypatch.delenv(kinds.PIN_ENV, raising=False)
+        monkeypatch.setattr(kinds, "profiles", lambda: {})  # as on a kind never recorded: every choice timed
         monkeypatch.setattr(routes, "cache_dir", lambda: tmp_path / "measured afresh")
         for memo in memos:
             memo.cache_clear()
