@@ -8,12 +8,16 @@ rows, each kernel timed on weights streamed from memory (a pass's weights do not
 - ``weight_only``: the package's int8 linear today (``torch._weight_int8pack_mm``, bfloat16 rows);
 - ``dynamic x rows``: fbgemm's ``quantized::linear_dynamic`` called once per row (its activation
   scale spans the whole input, so the package calls it a row at a time to keep a row's bits its own);
+- ``onednn rows``: the package's "rowwise" product (oneDNN's ``qlinear_pointwise`` over rows each
+  quantised with its own scale, ``int8_kernels.rowwise_int8_matmul``), what its prompts and the
+  "int8 rows" encoder take;
 - ``static``: fbgemm's ``quantized::linear_with_input_q_dq_qweight_dq_output_fp32``, each row
   quantised with its own scale in torch and passed as integer values with scale 1.0, the row
   scales and the bias applied after: one call for all rows, row-invariant by construction (integer
   sums are exact), 7-bit rows where the CPU has no VNNI (``vpmaddubsw`` saturates at 16 bits).
 
-Each kernel's result for every row is also checked against that row computed alone (bit for bit).
+Each kernel's result for every row is also checked against that row computed alone (bit for bit),
+and against the int8 weights multiplied in float32 (relative error).
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ class Weight:
         self.packed = torch.ops.quantized.linear_prepack(qw, None)
         self.packed_bias = torch.ops.quantized.linear_prepack(qw, self.bias)
         self.unit = torch.ones(n_out, dtype=torch.bfloat16)
+        self.onednn = torch.ops.onednn.qlinear_prepack(self.q, None)
+        self.zero_points = torch.zeros(n_out, dtype=torch.long)
 
 
 def weight_only(w: Weight, x: torch.Tensor) -> torch.Tensor:
@@ -62,11 +68,22 @@ def dynamic_rows(w: Weight, x: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.ops.quantized.linear_dynamic(row[None], w.packed_bias, True) for row in x])
 
 
+def onednn_rows(w: Weight, x: torch.Tensor) -> torch.Tensor:
+    from medusa_whisper.step.int8_kernels import rowwise_int8_matmul
+
+    return rowwise_int8_matmul(x, w.onednn, w.scale, w.zero_points).add_(w.bias)
+
+
 def static(w: Weight, x: torch.Tensor, levels: int) -> torch.Tensor:
     row_scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / levels
     integers = torch.round(x / row_scale)
-    y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(integers, 1.0, 0, w.packed)
+    # the op takes unsigned 8-bit activations: the integers around a zero point of levels + 1
+    y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(integers, 1.0, levels + 1, w.packed)
     return torch.addcmul(w.bias, y, row_scale)
+
+
+def exact(w: Weight, x: torch.Tensor) -> torch.Tensor:
+    return torch.addmm(w.bias, x, (w.q.float() * w.scale[:, None]).T)
 
 
 def median_us(run: Callable[[torch.Tensor], torch.Tensor], weights: List[Weight], x: torch.Tensor, repeats: int = 5) -> float:
@@ -92,10 +109,11 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     levels = 127 if _vnni() else 63
     kernels: Dict[str, Callable] = {"weight_only": weight_only, "dynamic x rows": dynamic_rows,
-                                    "static": lambda w, x: static(w, x, levels)}
+                                    "static": lambda w, x: static(w, x, levels), "onednn rows": onednn_rows}
     generator = torch.Generator().manual_seed(0)
     results: Dict[str, Dict[str, Dict[str, float]]] = {}
     invariant: Dict[str, bool] = {}
+    error: Dict[str, float] = {}
     for name, (n_out, n_in) in SHAPES.items():
         copies = max(1, STREAM_BYTES // (n_out * n_in))
         weights = [Weight(n_out, n_in, generator) for _ in range(copies)]
@@ -103,6 +121,9 @@ def main() -> int:
         results[name] = {kernel: {} for kernel in kernels}
         for kernel, run in kernels.items():
             invariant[kernel] = invariant.get(kernel, True) and row_invariant(run, weights[0], inputs[max(ROWS)])
+            reference = exact(weights[0], inputs[max(ROWS)])
+            relative = float((run(weights[0], inputs[max(ROWS)]) - reference).norm() / reference.norm())
+            error[kernel] = max(error.get(kernel, 0.0), relative)
             for k, x in inputs.items():
                 results[name][kernel][str(k)] = round(median_us(run, weights, x), 1)
         line = "  ".join(f"{kernel} " + "/".join(f"{results[name][kernel][str(k)]:.0f}" for k in ROWS)
@@ -112,10 +133,12 @@ def main() -> int:
                                       / sum(results[s][kernel]["1"] for s in SHAPES), 3) for k in ROWS}
                for kernel in kernels}
     for kernel, ratios in summary.items():
-        print(f"{kernel}: k rows / 1 row over base's shapes: {ratios}; each row its own bits: {invariant[kernel]}")
+        print(f"{kernel}: k rows / 1 row over base's shapes: {ratios}; each row its own bits: {invariant[kernel]}; "
+              f"largest error against the int8 weights in float32: {error[kernel]:.4f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"threads": args.threads, "levels": levels, "us": results, "ratio": summary,
-                                    "row_invariant": invariant}, indent=1) + "\n", encoding="utf-8")
+                                    "row_invariant": invariant, "relative_error": error}, indent=1) + "\n",
+                        encoding="utf-8")
     print(f"wrote {args.out}")
     return 0
 
