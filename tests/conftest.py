@@ -58,7 +58,7 @@ def unpinned(tmp_path, monkeypatch):
     monkeypatch.setattr(routes, "streamed_bytes", lambda: 1 << 20)  # a route timed on 1 MB, not hundreds
     folder = tmp_path / "unpinned"
     monkeypatch.setattr(routes, "cache_dir", lambda: folder)
-    memos = (compute._many_rows_kernel, compute._many_rows_from)
+    memos = (compute._many_rows_kernel, compute._many_rows_from, compute._few_rows_kernel)
     for memo in memos:
         memo.cache_clear()
     yield folder
@@ -73,7 +73,7 @@ def measure_afresh(tmp_path, monkeypatch):
     later tests. Returns the routes module, whose ``table()`` is then that table."""
     from medusa_whisper.step import compute, routes
 
-    memos = (compute._many_rows_kernel, compute._many_rows_from)
+    memos = (compute._many_rows_kernel, compute._many_rows_from, compute._few_rows_kernel)
 
     def afresh():
         monkeypatch.delenv(kinds.PIN_ENV, raising=False)

@@ -57,7 +57,8 @@ from ..errors import MedusaWhisperError
 from ..paths import atomic_path, cache_dir
 from . import encoder_form
 from .encoder_attention import attend_in, attention_dtype
-from .int8_kernels import Prepared, prepack, quantize_rows, rowwise_int8_matmul
+from .int8_kernels import (Prepared, dynamic_prepack, has_static_product, prepack, quantize_rows,
+                           rowwise_int8_matmul, static_int8_matmul)
 from .routes import ROUNDS, median_micros, table as routes_table
 from .together import together
 from .projection import HalfProjection, Int8Projection
@@ -163,13 +164,8 @@ class Int8Linear(nn.Module):
                 or (together() and rows.shape[0] >= many_rows_from(self.out_features, self.in_features))):
             y = self._many_rows(rows)
         elif self.kernel == "weight_only":
-            # the kernel wants rows with unit stride (a transposed input, as in a convolution block, has not)
-            y = torch._weight_int8pack_mm(rows.to(torch.bfloat16, memory_format=torch.contiguous_format),
-                                          buffers["qweight"], self._unit_scale())
-            # the scale (and the bias) in float32, in one elementwise pass that reads the bfloat16 product:
-            # widening bfloat16 is exact, so this is float(y) * scale + bias without the float32 copy
-            scale = buffers["scale"]
-            y, bias = (torch.mul(y, scale) if bias is None else torch.addcmul(bias, y, scale)), None
+            kernel = few_rows_kernel(self.out_features, self.in_features) if rows.is_cpu else "weight_only"
+            y, bias = self._few_rows(rows, kernel, bias)
         elif self.kernel == "rowwise":
             y = self._int8_rows_product(rows)
         else:
@@ -191,6 +187,24 @@ class Int8Linear(nn.Module):
         if many_rows_kernel(self.out_features, self.in_features) == "bfloat16":
             return self._bfloat16_product(rows).float()
         return self._int8_rows_product(rows)
+
+    def _few_rows(self, rows: Tensor, kernel: str, bias: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+        """x @ W.T for a pass's few rows by ``kernel`` (of FEW_ROWS_KERNELS), and the bias left to add
+        (None where the product added it). Each is row-invariant: "weight_only" multiplies bfloat16
+        rows, "static" (fbgemm) and "rowwise" (oneDNN) quantise each row to int8 with its own scale."""
+        if kernel == "static":
+            packed = self.prepared.get("fbgemm", lambda: dynamic_prepack(self.qweight, self.scale), self.qweight,
+                                       self.scale)
+            return static_int8_matmul(rows.float(), packed), bias
+        if kernel == "rowwise":
+            return self._int8_rows_product(rows), bias
+        # the kernel wants rows with unit stride (a transposed input, as in a convolution block, has not)
+        y = torch._weight_int8pack_mm(rows.to(torch.bfloat16, memory_format=torch.contiguous_format),
+                                      self._buffers["qweight"], self._unit_scale())
+        # the scale (and the bias) in float32, in one elementwise pass that reads the bfloat16 product:
+        # widening bfloat16 is exact, so this is float(y) * scale + bias without the float32 copy
+        scale = self._buffers["scale"]
+        return (torch.mul(y, scale) if bias is None else torch.addcmul(bias, y, scale)), None
 
     def _int8_rows_product(self, rows: Tensor) -> Tensor:
         """rows @ W.T through oneDNN's u8s8 product, each row quantised alone; float32 out, no bias."""
@@ -232,6 +246,37 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
+
+
+# The kernels a decoder pass's few rows may take (Int8Linear._few_rows), each row-invariant: today's weight-only
+# product first (a table pinned to a kind that holds no choice takes it), then the two that quantise each
+# row to int8, whose extra rows cost little (docs/compute/row_products.md)
+FEW_ROWS_KERNELS = ("weight_only", "static", "rowwise")
+FEW_ROWS_TIMED = (1, 8)  # a plain pass's row and a verifying pass's rows, weighed alike
+FEW_ROWS_STREAMED = 32 << 20  # bytes of weights cycled through per timing: a pass reads them from memory
+
+
+def few_rows_kernel(n_out: int, n_in: int) -> str:
+    """The kernel of FEW_ROWS_KERNELS that multiplies a pass's few rows by an int8 weight of this shape
+    here: the one whose products over FEW_ROWS_TIMED rows, weights read from memory, take least time
+    in all, timed once per machine and kept with the routes. It decides a row's bits, so it is one
+    per machine and shape, whatever the number of rows."""
+    return _few_rows_kernel(n_out, n_in, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=None)
+def _few_rows_kernel(n_out: int, n_in: int, threads: int) -> str:
+    kernels = [k for k in FEW_ROWS_KERNELS if k != "static" or has_static_product()]
+
+    def timer(kernel: str) -> Callable[[], float]:
+        def run() -> float:  # its random weights and rows drawn when timed: see RouteTable.choose_kernel
+            copies = max(1, min(32, FEW_ROWS_STREAMED // (n_out * n_in)))
+            layers = [Int8Linear.from_linear(nn.Linear(n_in, n_out)) for _ in range(copies)]
+            inputs = [torch.randn(n, n_in) for n in FEW_ROWS_TIMED]
+            return sum(median_micros(lambda: [layer._few_rows(x, kernel, layer.bias) for layer in layers])
+                       for x in inputs) / copies
+        return run
+    return routes_table().choose_kernel(f"int8 few rows {n_out}x{n_in}", {k: timer(k) for k in kernels})
 
 
 # rows from which an int8 weight-only linear takes its many-rows kernel (Int8Linear._many_rows) even outside

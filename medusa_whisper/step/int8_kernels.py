@@ -138,6 +138,37 @@ def dynamic_int8_matmul(rows: Tensor, packed: object) -> Tensor:
     return torch.cat([torch.ops.quantized.linear_dynamic(rows[i:i + 1], packed, reduce) for i in range(rows.shape[0])])
 
 
+def static_int8_matmul(rows: Tensor, packed: object) -> Tensor:
+    """rows @ (qweight * scale[:, None]).T for float32 rows (M, n_in) -> (M, n_out) float32, by fbgemm
+    in one call for all rows (``dynamic_prepack``'s weights): each row quantised to int8 with its own
+    scale (symmetric; 7 bits where the product would saturate at 8, ``static_levels``), given
+    as integers around a zero point with scale 1 to fbgemm's static-scale product, its sums exact,
+    and scaled back by the row's scale. A row's result is the same whichever rows it is computed
+    with, and a row more costs little: the weights are read once for all of them."""
+    levels = static_levels()
+    row_scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30) / levels
+    y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(torch.round(rows / row_scale), 1.0,
+                                                                          levels + 1, packed)
+    return y.mul_(row_scale)
+
+
+@functools.lru_cache(maxsize=1)
+def static_levels() -> int:
+    """The levels either side of zero of ``static_int8_matmul``'s rows: 127 where fbgemm's u8 x s8
+    sums are exact, 63 where they saturate at 16 bits (no VNNI: vpmaddubsw). Measured here on the
+    worst case, as ``activation_range`` for oneDNN."""
+    packed = dynamic_prepack(torch.full((8, 64), 127, dtype=torch.int8), torch.ones(8))
+    y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(torch.full((1, 64), 127.0), 1.0, 128, packed)
+    return 127 if bool((y == 127 * 127 * 64).all()) else 63
+
+
+@functools.lru_cache(maxsize=1)
+def has_static_product() -> bool:
+    """Whether this PyTorch has fbgemm's static-scale product (``static_int8_matmul``)."""
+    return hasattr(torch.ops.quantized, "linear_with_input_q_dq_qweight_dq_output_fp32") and \
+        dynamic_prepack(torch.ones(1, 1, dtype=torch.int8), torch.ones(1)) is not None
+
+
 @functools.lru_cache(maxsize=1)
 def dynamic_reduce_range() -> bool:
     """Whether ``dynamic_int8_matmul`` must quantise rows to 7 bits, not 8: as ``activation_range``

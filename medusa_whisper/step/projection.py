@@ -19,8 +19,8 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 
-from .int8_kernels import (Prepared, dynamic_int8_matmul, dynamic_prepack, prepack, quantize_rows,
-                           rowwise_int8_matmul)
+from .int8_kernels import (Prepared, dynamic_int8_matmul, dynamic_prepack, has_static_product, prepack,
+                           quantize_rows, rowwise_int8_matmul, static_int8_matmul)
 from .routes import WEIGHT_FIRST, median_micros, route_for, table as routes_table, weight_times_rows
 
 
@@ -100,7 +100,9 @@ class Int8Projection(Projection):
     - "rowwise" quantises the activations per row (oneDNN's u8s8 product);
     - "dynamic" quantises them per row by fbgemm (``int8_kernels.dynamic_int8_matmul``);
     - "weight_only" multiplies bfloat16 activations by the int8 rows (``torch._weight_int8pack_mm``;
-      its products are rounded to bfloat16).
+      its products are rounded to bfloat16);
+    - "static" quantises them per row to int8 and multiplies every row in one fbgemm call
+      (``int8_kernels.static_int8_matmul``): an extra row costs little.
 
     Which is fastest differs by 2.5-4x between CPUs, so it is measured (``choose_kernel``): oneDNN's
     is the fastest with VNNI and 3-4x slower than ``_weight_int8pack_mm`` on an AVX2 EPYC, where
@@ -110,7 +112,7 @@ class Int8Projection(Projection):
     "weight_only" on the 119 where neither ran into a repetition loop (docs/cpu_kinds.md).
     """
 
-    KERNELS = ("rowwise", "dynamic", "weight_only")
+    KERNELS = ("rowwise", "dynamic", "weight_only", "static")
 
     def __init__(self, n_vocab: int, n_state: int, kernel: Optional[str] = None):
         super().__init__()
@@ -153,14 +155,15 @@ class Int8Projection(Projection):
         return self.kernel
 
     def kernels_here(self) -> List[str]:
-        """The KERNELS this PyTorch runs ("dynamic" needs fbgemm)."""
-        return [k for k in self.KERNELS if k != "dynamic" or self._dynamic() is not None]
+        """The KERNELS this PyTorch runs ("dynamic" and "static" need fbgemm)."""
+        return [k for k in self.KERNELS if (k != "dynamic" or self._dynamic() is not None)
+                and (k != "static" or has_static_product())]
 
     def prepare(self) -> None:
         kernel = self.choose_kernel()
         if kernel == "rowwise":
             self._packed()
-        elif kernel == "dynamic":
+        elif kernel in ("dynamic", "static"):
             self._dynamic()
 
     def _packed(self) -> Tensor:
@@ -177,6 +180,8 @@ class Int8Projection(Projection):
         kernel = self.choose_kernel()
         if kernel == "dynamic":
             y = dynamic_int8_matmul(rows.float().contiguous(), self._dynamic())
+        elif kernel == "static":
+            y = static_int8_matmul(rows.float(), self._dynamic())
         elif kernel == "weight_only":
             # the scale is applied in float32 afterwards, as in Int8Linear
             unit = self.prepared.get("unit", lambda: torch.ones(self.qweight.shape[0], dtype=torch.bfloat16,
