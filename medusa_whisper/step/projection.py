@@ -19,6 +19,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 
+from . import native
 from .int8_kernels import (Prepared, dynamic_int8_matmul, dynamic_prepack, has_static_product, prepack,
                            quantize_rows, rowwise_int8_matmul, static_int8_matmul)
 from .routes import WEIGHT_FIRST, median_micros, route_for, table as routes_table, weight_times_rows
@@ -102,7 +103,9 @@ class Int8Projection(Projection):
     - "weight_only" multiplies bfloat16 activations by the int8 rows (``torch._weight_int8pack_mm``;
       its products are rounded to bfloat16);
     - "static" quantises them per row to int8 and multiplies every row in one fbgemm call
-      (``int8_kernels.static_int8_matmul``): an extra row costs little.
+      (``int8_kernels.static_int8_matmul``): an extra row costs little;
+    - "native" quantises them per row as "static" does, in the package's own product
+      (native/rows.cpp, where ``make setup`` built it): one read of the weights for every row.
 
     Which is fastest differs by 2.5-4x between CPUs, so it is measured (``choose_kernel``): oneDNN's
     is the fastest with VNNI and 3-4x slower than ``_weight_int8pack_mm`` on an AVX2 EPYC, where
@@ -112,7 +115,7 @@ class Int8Projection(Projection):
     "weight_only" on the 119 where neither ran into a repetition loop (docs/cpu_kinds.md).
     """
 
-    KERNELS = ("rowwise", "dynamic", "weight_only", "static")
+    KERNELS = ("rowwise", "dynamic", "weight_only", "static", "native")
 
     def __init__(self, n_vocab: int, n_state: int, kernel: Optional[str] = None):
         super().__init__()
@@ -155,9 +158,9 @@ class Int8Projection(Projection):
         return self.kernel
 
     def kernels_here(self) -> List[str]:
-        """The KERNELS this PyTorch runs ("dynamic" and "static" need fbgemm)."""
+        """The KERNELS this PyTorch runs ("dynamic" and "static" need fbgemm, "native" its build)."""
         return [k for k in self.KERNELS if (k != "dynamic" or self._dynamic() is not None)
-                and (k != "static" or has_static_product())]
+                and (k != "static" or has_static_product()) and (k != "native" or native.available())]
 
     def prepare(self) -> None:
         kernel = self.choose_kernel()
@@ -165,6 +168,8 @@ class Int8Projection(Projection):
             self._packed()
         elif kernel in ("dynamic", "static"):
             self._dynamic()
+        elif kernel == "native":
+            self._native()
 
     def _packed(self) -> Tensor:
         return self.prepared.get("packed", lambda: prepack(self.qweight), self.qweight)
@@ -174,11 +179,16 @@ class Int8Projection(Projection):
         return self.prepared.get("dynamic", lambda: dynamic_prepack(self.qweight, self.scale), self.qweight,
                                  self.scale)
 
+    def _native(self):
+        return self.prepared.get("native", lambda: native.pack_int8(self.qweight), self.qweight)
+
     def forward(self, states: Tensor) -> Tensor:
         shape = states.shape
         rows = states.reshape(-1, shape[-1])
         kernel = self.choose_kernel()
-        if kernel == "dynamic":
+        if kernel == "native":
+            y = native.int8_rows(rows, self._native(), self.scale, None)
+        elif kernel == "dynamic":
             y = dynamic_int8_matmul(rows.float().contiguous(), self._dynamic())
         elif kernel == "static":
             y = static_int8_matmul(rows.float(), self._dynamic())

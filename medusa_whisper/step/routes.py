@@ -187,13 +187,15 @@ class RouteTable:
         row to get the same bits in any pass). Timed again by a later process when the machine
         looked busy (``Preemptions``), and when the candidates are not those timed (a kernel added
         to the choice, or one that does not run here). A recorded kind's choice is replayed where it
-        is one of ``candidates``; a pinned table with none takes the first. A timer makes its random
+        is one of ``candidates`` and the kind timed every one of them (one recorded before a kernel
+        was added says nothing of it); a pinned table with none takes the first. A timer makes its random
         inputs when it is called, not before: called here, it draws from the measurement's own
         random state (``_own_random_state``)."""
         entry = self._kept(name, lambda found: set(found.get("us", ())) == set(candidates))
         if entry is None and self.timing != "all" and not self._measured_here(name):
             entry = self._replayed(name, (lambda: {"route": next(iter(candidates))}) if self.pinned else None,
-                                   lambda found: found.get("route") in candidates)
+                                   lambda found: found.get("route") in candidates
+                                   and set(candidates) <= set(found.get("us") or candidates))
         if entry is None:
             entry = self._timed(name, lambda: {kernel: timer() for kernel, timer in candidates.items()})
         return entry["route"]

@@ -12,6 +12,9 @@ and its ISA features, a Markdown table, and writes JSON (``--out``).
 
     python -m tools.bench pass --model base --compute-types int8 --rows 1 --threads 1 --parts
 
+``--int8-kernel native`` (or weight_only, static, rowwise) makes every int8 decoder linear's few rows,
+and the vocabulary where it runs that kernel, take that kernel instead of the one chosen here.
+
 ``--parts`` instead times where one pass goes by taking each part out in turn (it returns zeros of
 its shape; the passes alternate, medians): cross-attention, self-attention, the linears, the
 vocabulary product; and the cost per operator that no byte explains: the same decoder structure
@@ -32,8 +35,10 @@ import whisper
 from torch import Tensor, nn
 
 import medusa_whisper
+from medusa_whisper.step import compute
 from medusa_whisper.step.attention import chain_mask
 from medusa_whisper.step.cpu import cpu_step
+from medusa_whisper.step.projection import Int8Projection
 from medusa_whisper.step.routes import isa_features, machine_id
 from tools import ROOT
 
@@ -225,6 +230,18 @@ def print_parts(args, models, features) -> None:
             print(f"| {t} | {rows} | {ms['whole']:.2f} | {cells} | {floor:.2f} |", flush=True)
 
 
+def force_int8_kernel(kernel: str) -> None:
+    """Every int8 linear's few rows by ``kernel``, and the vocabulary's where that is one of its kernels."""
+    compute.few_rows_kernel = lambda n_out, n_in: kernel
+    choose = Int8Projection.choose_kernel
+
+    def chosen(projection: Int8Projection) -> str:
+        if projection.kernel is None and kernel in projection.kernels_here():
+            projection.kernel = kernel
+        return choose(projection)
+    Int8Projection.choose_kernel = chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="base")
@@ -235,8 +252,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--parts", action="store_true",
                         help="where a pass goes: each part taken out in turn, and the per-operator floor")
+    parser.add_argument("--int8-kernel", choices=compute.FEW_ROWS_KERNELS, default=None,
+                        help="every int8 decoder linear's few rows, and the vocabulary where it runs it, by this "
+                             "kernel (default: the one chosen here)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.int8_kernel:
+        force_int8_kernel(args.int8_kernel)
     types, row_counts = args.compute_types.split(","), [int(r) for r in args.rows.split(",")]
     machine = {**machine_id(), "isa": isa_features()}
     print(f"{machine['cpu']} ({machine['isa']}), torch {machine['torch']}, {args.threads} threads, "

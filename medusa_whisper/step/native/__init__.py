@@ -1,0 +1,104 @@
+"""The package's own row-invariant products (rows.cpp), compiled once when the package is set up.
+
+``python -m medusa_whisper.step.native`` (``make setup`` runs it) compiles rows.cpp against the
+installed PyTorch into ``kernels_dir()``, under a name that holds the source's digest and the
+versions it was built for. ``kernels()`` loads that build and never compiles: a transcription does
+not wait for a compiler, and where none was there at set-up the package runs on PyTorch's own
+kernels (``available()`` is False and the kernel choices do not offer these).
+
+What the products guarantee is in rows.cpp's header: a row's result is its own whatever rows,
+threads or instruction set it is computed with.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import platform
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+import torch
+
+from ...paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("rows.cpp")
+KERNELS_ENV = "MEDUSA_WHISPER_KERNELS"  # where built kernels live; default: <cache>/kernels
+FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]  # OpenMP: at::parallel_for's threads are PyTorch's own
+
+
+def kernels_dir() -> Path:
+    override = os.environ.get(KERNELS_ENV)
+    return Path(override).expanduser() if override else cache_dir() / "kernels"
+
+
+def build_name() -> str:
+    """The module's name: the source and flags, PyTorch's and Python's versions, the machine."""
+    key = "|".join([SOURCE.read_text(), " ".join(FLAGS), torch.__version__, sys.version, platform.machine()])
+    return "medusa_whisper_rows_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def kernels() -> Optional[ModuleType]:
+    """The built module, or None where it was not built for this source and PyTorch (never builds)."""
+    name = build_name()
+    folder = kernels_dir() / name
+    found = sorted(folder.glob(f"{name}*.so")) if folder.is_dir() else []
+    if not found:
+        return None
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(name, str(found[0]))
+        spec = importlib.util.spec_from_file_location(name, found[0], loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except ImportError as error:  # a build that no longer loads (a changed system library): PyTorch's kernels
+        log.warning("the package's kernels in %s do not load (%s): using PyTorch's", folder, error)
+        return None
+    return module
+
+
+def available() -> bool:
+    return kernels() is not None
+
+
+def pack_int8(qweight: torch.Tensor):
+    """The form ``int8_rows`` reads of (n, k) int8 weights: (packed weights, their column sums)."""
+    return tuple(kernels().pack_int8(qweight.contiguous()))
+
+
+def int8_rows(rows: torch.Tensor, packed, scale: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """rows (m, k) @ W.T * scale + bias, float32 out: each row quantised to int8 with its own scale."""
+    return kernels().int8_rows(rows.float().contiguous(), packed[0], packed[1], scale, bias, scale.shape[0])
+
+
+def build(verbose: bool = False) -> ModuleType:
+    """Compile rows.cpp into ``kernels_dir()`` (a minute on 2 cores; nothing when already built)."""
+    from torch.utils import cpp_extension
+
+    name = build_name()
+    folder = kernels_dir() / name
+    folder.mkdir(parents=True, exist_ok=True)
+    module = cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(folder),
+                                extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=verbose)
+    kernels.cache_clear()
+    return module
+
+
+def main() -> int:
+    """Build, and say in one line what was built or why not (set-up goes on without: PyTorch's kernels)."""
+    try:
+        module = build()
+    except Exception as error:  # no compiler, no headers: the package still works, on PyTorch's kernels
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"medusa_whisper: the row kernels were not built ({first}); PyTorch's kernels will be used")
+        return 0
+    print(f"medusa_whisper: row kernels built in {kernels_dir() / build_name()} ({module.isa()} here)")
+    return 0
