@@ -146,3 +146,63 @@ def test_a_failed_build_says_so_in_one_line_and_setup_goes_on(tmp_path, monkeypa
         native.kernels.cache_clear()
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "not built" in out[0] and "c++: not found" in out[0]
+
+
+def attention_inputs(dtype, batch=1, rows=9, n_key=200, n_head=4, d_head=64, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, rows, n_head * d_head, generator=generator) * 2
+    k = torch.randn(batch, n_head, n_key, d_head, generator=generator).to(dtype)
+    v = torch.randn(batch, n_head, n_key, d_head, generator=generator).to(dtype)
+    return q, k, v
+
+
+def reference_attention(q, k, v, n_head, allowed):
+    batch, rows, n_state = q.shape
+    heads = q.view(batch, rows, n_head, -1).transpose(1, 2)
+    mask = None if allowed is None else (allowed if allowed.dim() == 3 else allowed[None])[:, None]
+    out = nn.functional.scaled_dot_product_attention(heads.double(), k.double(), v.double(), attn_mask=mask)
+    return out.transpose(1, 2).reshape(batch, rows, n_state).float()
+
+
+@built
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_attention_gives_each_row_its_own_bits_over_any_slots_beside_any_rows(isa, dtype):
+    q, k, v = attention_inputs(dtype)
+    capacity, seen = k.shape[2], 60
+    allowed = torch.zeros(9, capacity, dtype=torch.bool)  # a chain: row i sees slots [0, seen + i]
+    for row in range(9):
+        allowed[row, :seen + row + 1] = True
+    full = native.attend(q, k, v, 4, allowed)
+    torch.testing.assert_close(full, reference_attention(q, k, v, 4, allowed), rtol=1e-5, atol=1e-5)
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        try:
+            for n in range(1, 10):
+                first = (n * 7) % (10 - n)
+                part = native.attend(q[:, first:first + n], k, v, 4, allowed[first:first + n])
+                assert torch.equal(part, full[:, first:first + n]), (n, threads)
+        finally:
+            torch.set_num_threads(2)
+    for length in (80, 96, 144):  # fewer slots, the unwritten ones still masked: the same bits
+        assert torch.equal(native.attend(q, k[:, :, :length], v[:, :, :length], 4, allowed[:, :length]), full), length
+
+
+@built
+def test_attention_gives_a_stream_its_bits_beside_other_streams_and_on_every_path():
+    module = native.kernels()
+    q, k, v = attention_inputs(torch.bfloat16, batch=3, rows=2, n_key=1500)
+    allowed = torch.zeros(3, 2, 1500, dtype=torch.bool)
+    for b, seen in enumerate((5, 700, 1490)):
+        allowed[b, :, :seen] = True
+    together = native.attend(q, k, v, 4, allowed)
+    for b in range(3):
+        assert torch.equal(native.attend(q[b:b + 1], k[b:b + 1], v[b:b + 1], 4, allowed[b:b + 1]), together[b:b + 1])
+    no_mask = native.attend(q, k, v, 4, None)
+    torch.testing.assert_close(no_mask, reference_attention(q, k, v, 4, None), rtol=1e-5, atol=1e-5)
+    before = module.isa()
+    try:
+        for name in module.isas():
+            module.set_isa(name)
+            assert torch.equal(native.attend(q, k, v, 4, allowed), together), name
+    finally:
+        module.set_isa(before)

@@ -17,10 +17,12 @@ This module's attention instead has one shape for every pass of a window, whatev
   unwritten ones masked (``attended_slots``): where this CPU gives a row the same bits over any such
   length as over every slot of the static cache (``slot_step`` measures it), else over all 448, so
   a row's softmax and weighted sum come out the same whichever pass it is in;
-- a single row is multiplied as two (one row goes to a matrix-vector kernel that sums in another
-  order), and a pass over more rows is split into products of at most ``product_rows`` rows: the
-  most rows for which this CPU's kernels give every row the bits it gets alone (bfloat16 on an
-  AVX-512 EPYC: all 32 tried; float32 on an AVX2 EPYC: 3, beyond which MKL changes kernels).
+- where ``make setup`` built the package's kernels, the whole attention is theirs (``native.attend``):
+  each row's sums in one fixed order, float32 throughout, invariant by construction and tested;
+- elsewhere, a single row is multiplied as two (one row goes to a matrix-vector kernel that sums
+  in another order), and a pass over more rows is split into products of at most ``product_rows``
+  rows: the most rows for which this CPU's kernels give every row the bits it gets alone (bfloat16
+  on an AVX-512 EPYC: all 32 tried; float32 on an AVX2 EPYC: 3, beyond which MKL changes kernels).
 The products run per batch item (matrix products batch over the leading dimension), so a stream's
 rows get the same bits beside other streams' as alone: what batched decoding of many windows needs
 (PyTorch's fused attention kernel does not give that; measured on the AVX2 EPYC).
@@ -38,6 +40,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from . import native
 from .together import together
 
 INVARIANT_DTYPE = torch.bfloat16  # where the CPU multiplies it natively (compute.invariant_dtype)
@@ -70,6 +73,8 @@ def invariant_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, allowed: O
     """
     batch, n_query, n_state = q.shape
     d_head = n_state // n_head
+    if q.device.type == "cpu" and native.attends(k.dtype, d_head):
+        return native.attend(q, k, v, n_head, allowed)
     if n_query == 1:
         chunk = 2
     elif together():  # a prompt pass: its rows are never computed in other company (together.py)
@@ -119,6 +124,8 @@ def slot_step(dtype: torch.dtype, n_head: int, d_head: int, capacity: int) -> in
 
 @functools.lru_cache(maxsize=None)
 def _slot_step(dtype: torch.dtype, n_head: int, d_head: int, capacity: int, threads: int) -> int:
+    if native.attends(dtype, d_head):  # a masked slot adds an exact zero there (tests/test_native.py)
+        return SLOT_STEP
     rows = product_rows(dtype, n_head, d_head, capacity)
     if rows < 2 or capacity <= SLOT_STEP:
         return capacity
@@ -190,7 +197,7 @@ def rows_are_invariant(dtype: torch.dtype, n_head: int, d_head: int, n_self_keys
         return torch.randn(*shape, generator=generator)
 
     for n_key in (n_self_keys, n_cross_keys):
-        if product_rows(dtype, n_head, d_head, n_key) < 2:
+        if not native.attends(dtype, d_head) and product_rows(dtype, n_head, d_head, n_key) < 2:
             return False
     # streams side by side: batch 3 against each stream alone, one query row each at its own position
     n_state = n_head * d_head

@@ -79,6 +79,25 @@ def int8_rows(rows: torch.Tensor, packed, scale: torch.Tensor, bias: Optional[to
     return kernels().int8_rows(rows.float().contiguous(), packed[0], packed[1], scale, bias, scale.shape[0])
 
 
+def attends(dtype: torch.dtype, d_head: int) -> bool:
+    """Whether ``attend`` takes keys and values of this dtype and head width (where built)."""
+    return dtype in (torch.bfloat16, torch.float32) and d_head % 16 == 0 and available()
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_head: int,
+           allowed: Optional[torch.Tensor]) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d_head)) v in float32, each query row on its own (rows.cpp's attention).
+
+    q : (batch, rows, n_state) float32; k, v : (batch, n_head, n_key, d_head), each key's values
+    contiguous; allowed : (rows, n_key) or (1 or batch, rows, n_key) bool, None: every key."""
+    if allowed is not None and allowed.dim() == 2:
+        allowed = allowed.unsqueeze(0)
+    if allowed is not None and not allowed.is_contiguous():
+        allowed = allowed.contiguous()
+    d_head = k.shape[-1]
+    return kernels().attend(q.float().contiguous(), k, v, allowed, n_head, d_head ** -0.5)
+
+
 def build(verbose: bool = False) -> ModuleType:
     """Compile rows.cpp into ``kernels_dir()`` (a minute on 2 cores; nothing when already built)."""
     from torch.utils import cpp_extension

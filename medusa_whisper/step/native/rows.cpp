@@ -447,6 +447,291 @@ torch::Tensor float_rows(const torch::Tensor& x, const torch::Tensor& packed, co
   return y;
 }
 
+// ------------------------------------------------------------------ attention
+//
+// softmax(q k^T) v for a pass's query rows over keys and values kept in bfloat16 or float32, float32
+// throughout. A row's result depends on nothing but its own query, mask and the keys it sees:
+// - every sum has one order: a dot product over d_head in 16 lanes then a fixed tree, the softmax's
+//   sum over keys in 16 lanes (key j in lane j % 16) then the same tree, the weighted sum of values
+//   key after key;
+// - a masked key adds an exact zero, so attending over more (masked) slots changes no bit;
+// - the code is written lane by lane in plain C++ (products and sums as fused multiply-adds where
+//   they are in the vector code) and repeated in AVX-512 registers for the two products of 64-wide
+//   heads: every path makes the same operations in the same order.
+namespace {
+
+constexpr int LANES = 16;
+
+inline float tree_sum(float* lanes) {  // lanes[0..16) summed pairwise, lanes overwritten
+  for (int width = LANES / 2; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) lanes[l] = lanes[l] + lanes[l + width];
+  return lanes[0];
+}
+
+// e^x in float32 by Cephes' polynomial, lane by lane, the same bits on every path; 0 below -87.
+inline float exp_lane(float x) {
+  const bool zero = x < -87.0f;
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float up = x * 1.44269504088896341f + 0.5f;  // floor(up) by truncation (|up| < 128): vectorises
+  const float cut = static_cast<float>(static_cast<int32_t>(up));
+  const float n = cut > up ? cut - 1.0f : cut;
+  x = x - n * 0.693359375f;
+  x = x - n * -2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * (x * x) + x + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return zero ? 0.0f : y * scale;
+}
+
+// One row's scores over its keys (masked: -inf; padded to ``padded`` slots, a multiple of 16) made
+// its softmax's numerators in place, their sum stored at [n_key]. Compiled for each instruction set:
+// the same operations lane by lane on every one.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void softmax_row(float* s, int64_t n_key, int64_t padded) {
+  for (int64_t j = n_key; j < padded; ++j) s[j] = -INFINITY;
+  float top[LANES];
+  for (int l = 0; l < LANES; ++l) top[l] = -INFINITY;
+  for (int64_t j = 0; j < padded; j += LANES)
+    for (int l = 0; l < LANES; ++l) top[l] = std::max(top[l], s[j + l]);
+  float most = top[0];
+  for (int l = 1; l < LANES; ++l) most = std::max(most, top[l]);
+  float sums[LANES];
+  for (int l = 0; l < LANES; ++l) sums[l] = 0.f;
+  for (int64_t j = 0; j < padded; j += LANES)
+    for (int l = 0; l < LANES; ++l) {
+      const float p = s[j + l] == -INFINITY ? 0.f : exp_lane(s[j + l] - most);
+      s[j + l] = p;
+      sums[l] = sums[l] + p;
+    }
+  s[n_key] = tree_sum(sums);
+}
+
+// softmax_row in AVX-512 registers: exp_lane's operations, in its order, 16 keys at a time.
+__attribute__((target("avx512f"))) void softmax_row_avx512(float* s, int64_t n_key, int64_t padded) {
+  for (int64_t j = n_key; j < padded; ++j) s[j] = -INFINITY;
+  const __m512 minus_inf = _mm512_set1_ps(-INFINITY);
+  __m512 top = minus_inf;
+  for (int64_t j = 0; j < padded; j += LANES) top = _mm512_max_ps(top, _mm512_loadu_ps(s + j));
+  const __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  __m512 sums = _mm512_setzero_ps();
+  for (int64_t j = 0; j < padded; j += LANES) {
+    const __m512 score = _mm512_loadu_ps(s + j);
+    __m512 x = _mm512_sub_ps(score, most);
+    const __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ) |
+                           _mm512_cmp_ps_mask(score, minus_inf, _CMP_EQ_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 up = _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _mm512_set1_ps(0.5f));
+    const __m512 cut = _mm512_cvtepi32_ps(_mm512_cvttps_epi32(up));
+    const __m512 n = _mm512_mask_sub_ps(cut, _mm512_cmp_ps_mask(cut, up, _CMP_GT_OQ), cut, _mm512_set1_ps(1.0f));
+    x = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+    x = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(x, x)), x), _mm512_set1_ps(1.0f));
+    const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
+    const __m512 p = _mm512_maskz_mul_ps(static_cast<__mmask16>(~zero), y, scale);
+    _mm512_storeu_ps(s + j, p);
+    sums = _mm512_add_ps(sums, p);
+  }
+  float lanes[LANES];
+  _mm512_storeu_ps(lanes, sums);
+  s[n_key] = tree_sum(lanes);
+}
+
+template <typename T> inline float widen(T v);
+template <> inline float widen<float>(float v) { return v; }
+template <> inline float widen<c10::BFloat16>(c10::BFloat16 v) {
+  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+struct AttendJob {
+  const float* q;        // [batch][rows][n_head * d]
+  const void* k;         // element (b, h, j, i) at b * kb + h * kh + j * d + i
+  const void* v;
+  const bool* allowed;   // [1 or batch][rows][n_key], or nullptr
+  float* out;            // [batch][rows][n_head * d]
+  int64_t batch, rows, n_head, d, n_key, kb, kh, vb, vh, mask_batch;
+  float q_scale;
+};
+
+// 16 widened values of a key or value row, on AVX-512: bfloat16's bits moved up, or float32 as it is
+template <typename T> __m512 widen16(const T* p);
+template <> __attribute__((target("avx512f"))) inline __m512 widen16<float>(const float* p) { return _mm512_loadu_ps(p); }
+template <> __attribute__((target("avx512f"))) inline __m512 widen16<c10::BFloat16>(const c10::BFloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// tree_sum of one vector's 16 lanes, in tree_sum's order
+__attribute__((target("avx512f"))) inline float tree_sum16(__m512 x) {
+  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  const __m128 e = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
+  return _mm_cvtss_f32(e);
+}
+
+// The two products of one head for whisper's 64-wide heads, the same operations as the plain code
+// below in vector registers: a key or value widened once for every row of the pass.
+constexpr int64_t WIDE_D = 64;
+
+template <typename T>
+__attribute__((target("avx512f"))) void scores_avx512(const AttendJob& job, int64_t b, int64_t h, const T* k, int64_t padded,
+                                                      const bool* mask, float* scores) {
+  const int64_t width = job.n_head * WIDE_D;
+  for (int64_t j = 0; j < job.n_key; ++j) {
+    const T* key = k + j * WIDE_D;
+    const __m512 k0 = widen16<T>(key), k1 = widen16<T>(key + 16), k2 = widen16<T>(key + 32), k3 = widen16<T>(key + 48);
+    for (int64_t r = 0; r < job.rows; ++r) {
+      const float* q = job.q + (b * job.rows + r) * width + h * WIDE_D;
+      __m512 lanes = _mm512_mul_ps(_mm512_loadu_ps(q), k0);
+      lanes = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16), k1, lanes);
+      lanes = _mm512_fmadd_ps(_mm512_loadu_ps(q + 32), k2, lanes);
+      lanes = _mm512_fmadd_ps(_mm512_loadu_ps(q + 48), k3, lanes);
+      const float score = tree_sum16(lanes) * job.q_scale;
+      scores[r * padded + j] = (mask && !mask[r * job.n_key + j]) ? -INFINITY : score;
+    }
+  }
+}
+
+template <typename T, int R>
+__attribute__((target("avx512f"))) void weighted_tile_avx512(const AttendJob& job, const T* v, int64_t padded,
+                                                             const float* scores, float* acc, int64_t r0) {
+  __m512 sum[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) sum[r][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < job.n_key; ++j) {
+    const T* value = v + j * WIDE_D;
+    const __m512 v0 = widen16<T>(value), v1 = widen16<T>(value + 16), v2 = widen16<T>(value + 32), v3 = widen16<T>(value + 48);
+    for (int r = 0; r < R; ++r) {
+      const __m512 p = _mm512_set1_ps(scores[(r0 + r) * padded + j]);
+      sum[r][0] = _mm512_fmadd_ps(p, v0, sum[r][0]);
+      sum[r][1] = _mm512_fmadd_ps(p, v1, sum[r][1]);
+      sum[r][2] = _mm512_fmadd_ps(p, v2, sum[r][2]);
+      sum[r][3] = _mm512_fmadd_ps(p, v3, sum[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + (r0 + r) * WIDE_D + c * 16, sum[r][c]);
+}
+
+template <typename T>
+void weighted_avx512(const AttendJob& job, const T* v, int64_t padded, const float* scores, float* acc) {
+  int64_t r = 0;
+  for (; r + 4 <= job.rows; r += 4) weighted_tile_avx512<T, 4>(job, v, padded, scores, acc, r);
+  switch (job.rows - r) {
+    case 3: weighted_tile_avx512<T, 3>(job, v, padded, scores, acc, r); break;
+    case 2: weighted_tile_avx512<T, 2>(job, v, padded, scores, acc, r); break;
+    case 1: weighted_tile_avx512<T, 1>(job, v, padded, scores, acc, r); break;
+  }
+}
+
+template <typename T>
+void attend_head(const AttendJob& job, int64_t b, int64_t h, float* scores, float* kv, float* acc) {
+  const int64_t d = job.d, n_key = job.n_key, rows = job.rows, padded = ceil_div(n_key + 1, LANES) * LANES;
+  const int64_t width = job.n_head * d;
+  const T* k = static_cast<const T*>(job.k) + b * job.kb + h * job.kh;
+  const T* v = static_cast<const T*>(job.v) + b * job.vb + h * job.vh;
+  const bool* mask = job.allowed ? job.allowed + (job.mask_batch > 1 ? b : 0) * rows * n_key : nullptr;
+  const bool wide = isa_in_use() == AVX512 && d == WIDE_D;
+  if (wide) {
+    scores_avx512<T>(job, b, h, k, padded, mask, scores);
+  } else {
+    for (int64_t j = 0; j < n_key; ++j) {  // each key widened once, then dotted with every row
+      for (int64_t i = 0; i < d; ++i) kv[i] = widen<T>(k[j * d + i]);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* q = job.q + (b * rows + r) * width + h * d;
+        float lanes[LANES];
+        for (int l = 0; l < LANES; ++l) lanes[l] = q[l] * kv[l];
+        for (int64_t c = LANES; c < d; c += LANES)
+          for (int l = 0; l < LANES; ++l) lanes[l] = std::fma(q[c + l], kv[c + l], lanes[l]);
+        const float score = tree_sum(lanes) * job.q_scale;
+        scores[r * padded + j] = (mask && !mask[r * n_key + j]) ? -INFINITY : score;
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    if (isa_in_use() == AVX512)
+      softmax_row_avx512(scores + r * padded, n_key, padded);
+    else
+      softmax_row(scores + r * padded, n_key, padded);
+  }
+  // the weighted sum of values, key after key
+  for (int64_t i = 0; i < rows * d; ++i) acc[i] = 0.f;
+  if (wide) {
+    weighted_avx512<T>(job, v, padded, scores, acc);
+  } else {
+    for (int64_t j = 0; j < n_key; ++j) {
+      for (int64_t i = 0; i < d; ++i) kv[i] = widen<T>(v[j * d + i]);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float p = scores[r * padded + j];
+        float* a = acc + r * d;
+        for (int64_t i = 0; i < d; ++i) a[i] = std::fma(p, kv[i], a[i]);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float total = scores[r * padded + n_key];
+    float* o = job.out + (b * rows + r) * width + h * d;
+    for (int64_t i = 0; i < d; ++i) o[i] = acc[r * d + i] / total;
+  }
+}
+
+}  // namespace
+
+// q (batch, rows, n_head * d) float32; k, v (batch, n_head, n_key, d) bfloat16 or float32, each key's d
+// values contiguous; allowed (1 or batch, rows, n_key) bool or None -> (batch, rows, n_head * d) float32.
+// q is scaled by q_scale after its dot products (1 / sqrt(d): a power of two for whisper's 64).
+torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const c10::optional<torch::Tensor>& allowed, int64_t n_head, double q_scale) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat && q.dim() == 3 && q.is_contiguous(), "attend: q (batch, rows, width) float32");
+  TORCH_CHECK(k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && k.scalar_type() == v.scalar_type() &&
+              (k.scalar_type() == torch::kFloat || k.scalar_type() == torch::kBFloat16), "attend: k, v (batch, heads, keys, d)");
+  const int64_t batch = q.size(0), rows = q.size(1), d = k.size(3), n_key = k.size(2);
+  TORCH_CHECK(k.size(0) == batch && k.size(1) == n_head && n_head * d == q.size(2) && d % LANES == 0, "attend: shapes disagree");
+  TORCH_CHECK(k.stride(3) == 1 && k.stride(2) == d && v.stride(3) == 1 && v.stride(2) == d, "attend: each key's values contiguous");
+  const bool* mask = nullptr;
+  int64_t mask_batch = 1;
+  torch::Tensor mask_c;
+  if (allowed && allowed->defined()) {
+    mask_c = allowed->contiguous();
+    TORCH_CHECK(mask_c.scalar_type() == torch::kBool && mask_c.dim() == 3 && mask_c.size(1) == rows && mask_c.size(2) == n_key &&
+                (mask_c.size(0) == 1 || mask_c.size(0) == batch), "attend: allowed (1 or batch, rows, keys) bool");
+    mask = mask_c.data_ptr<bool>();
+    mask_batch = mask_c.size(0);
+  }
+  auto out = torch::empty({batch, rows, n_head * d}, torch::kFloat);
+  const AttendJob job{q.data_ptr<float>(), k.data_ptr(), v.data_ptr(), mask, out.data_ptr<float>(), batch, rows, n_head, d,
+                      n_key, k.stride(0), k.stride(1), v.stride(0), v.stride(1), mask_batch, static_cast<float>(q_scale)};
+  const bool bf16 = k.scalar_type() == torch::kBFloat16;
+  const int64_t padded = ceil_div(n_key + 1, LANES) * LANES;
+  at::parallel_for(0, batch * n_head, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(rows * padded), kv(d), acc(rows * d);
+    for (int64_t task = begin; task < end; ++task) {
+      if (bf16)
+        attend_head<c10::BFloat16>(job, task / n_head, task % n_head, scores.data(), kv.data(), acc.data());
+      else
+        attend_head<float>(job, task / n_head, task % n_head, scores.data(), kv.data(), acc.data());
+    }
+  });
+  return out;
+}
+
 // The instruction sets this CPU runs, best last, and the one in use; set_isa picks another (tests).
 std::vector<std::string> isas() {
   static const char* names[] = {"scalar", "avx2", "avx512"};
@@ -469,6 +754,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_rows", &int8_rows);
   m.def("pack_float", &pack_float);
   m.def("float_rows", &float_rows);
+  m.def("attend", &attend);
   m.def("isas", &isas);
   m.def("isa", &isa);
   m.def("set_isa", &set_isa);
