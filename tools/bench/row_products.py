@@ -14,7 +14,10 @@ rows, each kernel timed on weights streamed from memory (a pass's weights do not
 - ``static``: fbgemm's ``quantized::linear_with_input_q_dq_qweight_dq_output_fp32``, each row
   quantised with its own scale in torch and passed as integer values with scale 1.0, the row
   scales and the bias applied after: one call for all rows, row-invariant by construction (integer
-  sums are exact), 7-bit rows where the CPU has no VNNI (``vpmaddubsw`` saturates at 16 bits).
+  sums are exact), 7-bit rows where the CPU has no VNNI (``vpmaddubsw`` saturates at 16 bits);
+- ``native``: the package's own (``step/native/rows.cpp``, where ``make setup`` built it), rows
+  quantised as for ``static`` with 8 bits everywhere, every row of a tile sharing one read of the
+  weights.
 
 Each kernel's result for every row is also checked against that row computed alone (bit for bit),
 and against the int8 weights multiplied in float32 (relative error).
@@ -29,6 +32,8 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 import torch
+
+from medusa_whisper.step import native
 
 ROWS = (1, 2, 4, 6, 9)
 SHAPES = {"qkv 1536x512": (1536, 512), "out 512x512": (512, 512), "fc1 2048x512": (2048, 512),
@@ -58,6 +63,8 @@ class Weight:
         self.unit = torch.ones(n_out, dtype=torch.bfloat16)
         self.onednn = torch.ops.onednn.qlinear_prepack(self.q, None)
         self.zero_points = torch.zeros(n_out, dtype=torch.long)
+        if native.available():
+            self.native = native.pack_int8(self.q)
 
 
 def weight_only(w: Weight, x: torch.Tensor) -> torch.Tensor:
@@ -80,6 +87,10 @@ def static(w: Weight, x: torch.Tensor, levels: int) -> torch.Tensor:
     # the op takes unsigned 8-bit activations: the integers around a zero point of levels + 1
     y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(integers, 1.0, levels + 1, w.packed)
     return torch.addcmul(w.bias, y, row_scale)
+
+
+def own_rows(w: Weight, x: torch.Tensor) -> torch.Tensor:
+    return native.int8_rows(x, w.native, w.scale, w.bias)
 
 
 def exact(w: Weight, x: torch.Tensor) -> torch.Tensor:
@@ -110,6 +121,8 @@ def main() -> int:
     levels = 127 if _vnni() else 63
     kernels: Dict[str, Callable] = {"weight_only": weight_only, "dynamic x rows": dynamic_rows,
                                     "static": lambda w, x: static(w, x, levels), "onednn rows": onednn_rows}
+    if native.available():
+        kernels["native"] = own_rows
     generator = torch.Generator().manual_seed(0)
     results: Dict[str, Dict[str, Dict[str, float]]] = {}
     invariant: Dict[str, bool] = {}

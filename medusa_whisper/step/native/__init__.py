@@ -19,6 +19,7 @@ import importlib.util
 import logging
 import os
 import platform
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -108,6 +109,9 @@ def build(verbose: bool = False) -> ModuleType:
     module = cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(folder),
                                 extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=verbose)
     kernels.cache_clear()
+    for old in kernels_dir().glob("medusa_whisper_rows_*"):  # builds of other sources or PyTorch versions
+        if old.name != name and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
     return module
 
 

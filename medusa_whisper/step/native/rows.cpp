@@ -590,11 +590,56 @@ __attribute__((target("avx512f"))) inline float tree_sum16(__m512 x) {
 // below in vector registers: a key or value widened once for every row of the pass.
 constexpr int64_t WIDE_D = 64;
 
+// Sixteen keys' lane vectors summed each in tree_sum's order (l + l+8, then + l+4, + l+2, + l+1) by
+// transposing as it adds; returns the sums in key order.
+__attribute__((target("avx512f"))) inline __m512 tree_sums16(const __m512* lanes) {
+  __m512 pairs[8], quads[4];
+  for (int i = 0; i < 8; ++i)  // [key 2i lanes 0-7 + 8-15, key 2i+1 lanes 0-7 + 8-15]
+    pairs[i] = _mm512_add_ps(_mm512_shuffle_f32x4(lanes[2 * i], lanes[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(lanes[2 * i], lanes[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // block k: key 4i + k, lanes 0-3 + 4-7
+    quads[i] = _mm512_add_ps(_mm512_shuffle_f32x4(pairs[2 * i], pairs[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(pairs[2 * i], pairs[2 * i + 1], 0xDD));
+  // block k: [key k, key 4 + k] then [key 8 + k, key 12 + k], lanes 0 + 2 and 1 + 3
+  const __m512 low = _mm512_add_ps(_mm512_shuffle_ps(quads[0], quads[1], 0x44), _mm512_shuffle_ps(quads[0], quads[1], 0xEE));
+  const __m512 high = _mm512_add_ps(_mm512_shuffle_ps(quads[2], quads[3], 0x44), _mm512_shuffle_ps(quads[2], quads[3], 0xEE));
+  // block k: keys k, 4 + k, 8 + k, 12 + k, lanes 0 + 1
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(low, high, 0x88), _mm512_shuffle_ps(low, high, 0xDD));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, sums);
+}
+
 template <typename T>
-__attribute__((target("avx512f"))) void scores_avx512(const AttendJob& job, int64_t b, int64_t h, const T* k, int64_t padded,
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void scores_avx512(const AttendJob& job, int64_t b, int64_t h, const T* k, int64_t padded,
                                                       const bool* mask, float* scores) {
   const int64_t width = job.n_head * WIDE_D;
-  for (int64_t j = 0; j < job.n_key; ++j) {
+  alignas(64) float block[LANES * WIDE_D];  // sixteen keys widened once for every row
+  int64_t j = 0;
+  for (; j + LANES <= job.n_key; j += LANES) {
+    for (int key = 0; key < LANES; ++key)
+      for (int c = 0; c < 4; ++c)
+        _mm512_store_ps(block + key * WIDE_D + c * 16, widen16<T>(k + (j + key) * WIDE_D + c * 16));
+    for (int64_t r = 0; r < job.rows; ++r) {
+      const float* q = job.q + (b * job.rows + r) * width + h * WIDE_D;
+      const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16), q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
+      __m512 lanes[LANES];
+      for (int key = 0; key < LANES; ++key) {
+        const float* kf = block + key * WIDE_D;
+        __m512 acc = _mm512_mul_ps(q0, _mm512_load_ps(kf));
+        acc = _mm512_fmadd_ps(q1, _mm512_load_ps(kf + 16), acc);
+        acc = _mm512_fmadd_ps(q2, _mm512_load_ps(kf + 32), acc);
+        lanes[key] = _mm512_fmadd_ps(q3, _mm512_load_ps(kf + 48), acc);
+      }
+      __m512 out = _mm512_mul_ps(tree_sums16(lanes), _mm512_set1_ps(job.q_scale));
+      if (mask) {
+        const __m128i allowed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(mask + r * job.n_key + j));
+        const __mmask16 blocked = _mm_cmpeq_epi8_mask(allowed, _mm_setzero_si128());
+        out = _mm512_mask_mov_ps(out, blocked, _mm512_set1_ps(-INFINITY));
+      }
+      _mm512_storeu_ps(scores + r * padded + j, out);
+    }
+  }
+  for (; j < job.n_key; ++j) {  // the last keys one by one, each summed in the same order
     const T* key = k + j * WIDE_D;
     const __m512 k0 = widen16<T>(key), k1 = widen16<T>(key + 16), k2 = widen16<T>(key + 32), k3 = widen16<T>(key + 48);
     for (int64_t r = 0; r < job.rows; ++r) {
