@@ -206,3 +206,21 @@ def test_attention_gives_a_stream_its_bits_beside_other_streams_and_on_every_pat
             assert torch.equal(native.attend(q, k, v, 4, allowed), together), name
     finally:
         module.set_isa(before)
+
+
+@built
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_attention_gives_a_tree_row_the_bits_of_its_path(isa, dtype):
+    """A tree's branch sees its ancestors at other slots, masked slots between: the same keys in the
+    same order, so the bits of that path decoded one row at a time."""
+    q, k, v = attention_inputs(dtype, rows=1, n_key=48)
+    seen = 30
+    path = torch.zeros(1, 48, dtype=torch.bool)
+    path[0, :seen + 1] = True  # slots 0..30, the last one its own
+    moved_k, moved_v = k.clone(), v.clone()
+    moved_k[:, :, seen + 7], moved_v[:, :, seen + 7] = k[:, :, seen], v[:, :, seen]  # its key at slot 37
+    moved_k[:, :, seen], moved_v[:, :, seen] = torch.randn(4, 64).to(dtype), torch.randn(4, 64).to(dtype)
+    branch = torch.zeros(1, 48, dtype=torch.bool)
+    branch[0, :seen] = True
+    branch[0, seen + 7] = True
+    assert torch.equal(native.attend(q, moved_k, moved_v, 4, branch), native.attend(q, k, v, 4, path))

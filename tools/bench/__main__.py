@@ -24,6 +24,7 @@ COMMANDS = {
     "vocab-kernels": Command("tools.bench.vocab_kernels", "the int8 vocabulary's kernels here: ms, and held-out WER each"),
     "rows": Command("tools.bench.matmul_rows", "x @ W.T or W @ x.T for a decoder step's few rows on this CPU"),
     "row-products": Command("tools.bench.row_products", "issue 64: an int8 product over k rows against one, by kernel"),
+    "attention-rows": Command("tools.bench.attention_rows", "issue 64: the decoder's invariant attention over k rows, by implementation"),
     "static-step": Command("tools.bench.static_step", "a static-shape decoder step, eager and compiled"),
     "gpu": Command("tools.bench.gpu", "issue 34 on a CUDA machine: every system, one pass profiled, capture times"),
     "kind-profile": Command("tools.bench.kind_profile", "this CPU kind's profile as data (medusa_whisper/kinds/), replayed by tests and by first runs"),

@@ -451,10 +451,10 @@ torch::Tensor float_rows(const torch::Tensor& x, const torch::Tensor& packed, co
 //
 // softmax(q k^T) v for a pass's query rows over keys and values kept in bfloat16 or float32, float32
 // throughout. A row's result depends on nothing but its own query, mask and the keys it sees:
-// - every sum has one order: a dot product over d_head in 16 lanes then a fixed tree, the softmax's
-//   sum over keys in 16 lanes (key j in lane j % 16) then the same tree, the weighted sum of values
-//   key after key;
-// - a masked key adds an exact zero, so attending over more (masked) slots changes no bit;
+// - every sum has one order: a dot product over d_head in 16 lanes then a fixed tree; the softmax's
+//   sum and the weighted sum of values key after key, in slot order;
+// - a masked key adds an exact zero, so attending over more (masked) slots, or seeing a key at
+//   another slot with masked ones between (a tree's branches), changes no bit;
 // - the code is written lane by lane in plain C++ (products and sums as fused multiply-adds where
 //   they are in the vector code) and repeated in AVX-512 registers for the two products of 64-wide
 //   heads: every path makes the same operations in the same order.
@@ -491,8 +491,8 @@ inline float exp_lane(float x) {
 }
 
 // One row's scores over its keys (masked: -inf; padded to ``padded`` slots, a multiple of 16) made
-// its softmax's numerators in place, their sum stored at [n_key]. Compiled for each instruction set:
-// the same operations lane by lane on every one.
+// its softmax's numerators in place. Compiled for each instruction set: the same operations lane by
+// lane on every one.
 __attribute__((target_clones("avx512f", "avx2", "default")))
 void softmax_row(float* s, int64_t n_key, int64_t padded) {
   for (int64_t j = n_key; j < padded; ++j) s[j] = -INFINITY;
@@ -502,15 +502,8 @@ void softmax_row(float* s, int64_t n_key, int64_t padded) {
     for (int l = 0; l < LANES; ++l) top[l] = std::max(top[l], s[j + l]);
   float most = top[0];
   for (int l = 1; l < LANES; ++l) most = std::max(most, top[l]);
-  float sums[LANES];
-  for (int l = 0; l < LANES; ++l) sums[l] = 0.f;
   for (int64_t j = 0; j < padded; j += LANES)
-    for (int l = 0; l < LANES; ++l) {
-      const float p = s[j + l] == -INFINITY ? 0.f : exp_lane(s[j + l] - most);
-      s[j + l] = p;
-      sums[l] = sums[l] + p;
-    }
-  s[n_key] = tree_sum(sums);
+    for (int l = 0; l < LANES; ++l) s[j + l] = s[j + l] == -INFINITY ? 0.f : exp_lane(s[j + l] - most);
 }
 
 // softmax_row in AVX-512 registers: exp_lane's operations, in its order, 16 keys at a time.
@@ -520,7 +513,6 @@ __attribute__((target("avx512f"))) void softmax_row_avx512(float* s, int64_t n_k
   __m512 top = minus_inf;
   for (int64_t j = 0; j < padded; j += LANES) top = _mm512_max_ps(top, _mm512_loadu_ps(s + j));
   const __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-  __m512 sums = _mm512_setzero_ps();
   for (int64_t j = 0; j < padded; j += LANES) {
     const __m512 score = _mm512_loadu_ps(s + j);
     __m512 x = _mm512_sub_ps(score, most);
@@ -541,13 +533,8 @@ __attribute__((target("avx512f"))) void softmax_row_avx512(float* s, int64_t n_k
     y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(x, x)), x), _mm512_set1_ps(1.0f));
     const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
-    const __m512 p = _mm512_maskz_mul_ps(static_cast<__mmask16>(~zero), y, scale);
-    _mm512_storeu_ps(s + j, p);
-    sums = _mm512_add_ps(sums, p);
+    _mm512_storeu_ps(s + j, _mm512_maskz_mul_ps(static_cast<__mmask16>(~zero), y, scale));
   }
-  float lanes[LANES];
-  _mm512_storeu_ps(lanes, sums);
-  s[n_key] = tree_sum(lanes);
 }
 
 template <typename T> inline float widen(T v);
@@ -656,27 +643,34 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void scores_avx512(const At
 
 template <typename T, int R>
 __attribute__((target("avx512f"))) void weighted_tile_avx512(const AttendJob& job, const T* v, int64_t padded,
-                                                             const float* scores, float* acc, int64_t r0) {
+                                                             float* scores, float* acc, int64_t r0) {
   __m512 sum[R][4];
-  for (int r = 0; r < R; ++r)
+  float total[R];
+  for (int r = 0; r < R; ++r) {
+    total[r] = 0.f;
     for (int c = 0; c < 4; ++c) sum[r][c] = _mm512_setzero_ps();
+  }
   for (int64_t j = 0; j < job.n_key; ++j) {
     const T* value = v + j * WIDE_D;
     const __m512 v0 = widen16<T>(value), v1 = widen16<T>(value + 16), v2 = widen16<T>(value + 32), v3 = widen16<T>(value + 48);
     for (int r = 0; r < R; ++r) {
-      const __m512 p = _mm512_set1_ps(scores[(r0 + r) * padded + j]);
+      const float weight = scores[(r0 + r) * padded + j];
+      total[r] = total[r] + weight;
+      const __m512 p = _mm512_set1_ps(weight);
       sum[r][0] = _mm512_fmadd_ps(p, v0, sum[r][0]);
       sum[r][1] = _mm512_fmadd_ps(p, v1, sum[r][1]);
       sum[r][2] = _mm512_fmadd_ps(p, v2, sum[r][2]);
       sum[r][3] = _mm512_fmadd_ps(p, v3, sum[r][3]);
     }
   }
-  for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
     for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + (r0 + r) * WIDE_D + c * 16, sum[r][c]);
+    scores[(r0 + r) * padded + job.n_key] = total[r];
+  }
 }
 
 template <typename T>
-void weighted_avx512(const AttendJob& job, const T* v, int64_t padded, const float* scores, float* acc) {
+void weighted_avx512(const AttendJob& job, const T* v, int64_t padded, float* scores, float* acc) {
   int64_t r = 0;
   for (; r + 4 <= job.rows; r += 4) weighted_tile_avx512<T, 4>(job, v, padded, scores, acc, r);
   switch (job.rows - r) {
@@ -721,10 +715,12 @@ void attend_head(const AttendJob& job, int64_t b, int64_t h, float* scores, floa
   if (wide) {
     weighted_avx512<T>(job, v, padded, scores, acc);
   } else {
+    for (int64_t r = 0; r < rows; ++r) scores[r * padded + n_key] = 0.f;
     for (int64_t j = 0; j < n_key; ++j) {
       for (int64_t i = 0; i < d; ++i) kv[i] = widen<T>(v[j * d + i]);
       for (int64_t r = 0; r < rows; ++r) {
         const float p = scores[r * padded + j];
+        scores[r * padded + n_key] = scores[r * padded + n_key] + p;
         float* a = acc + r * d;
         for (int64_t i = 0; i < d; ++i) a[i] = std::fma(p, kv[i], a[i]);
       }
