@@ -38,12 +38,13 @@ demo: setup
 
 # The fast tier, the README's test command: every test but the slow tier's. No test times this machine
 # unless timing is what it tests: choices replay the recorded CPU kind nearest it (tests/conftest.py;
-# MEDUSA_WHISPER_KIND=<kind> pins another). TEST_FAST_MINUTES measured from a fresh clone, set-up included.
+# MEDUSA_WHISPER_KIND=<kind> pins another). 14 minutes on 2 cores from a fresh clone, set-up included
+# (docs/tests.md).
 test: setup
 	$(BIN)/python -m pytest -q --durations=15
 
 # The slow tier: real audio end to end over every clip, and the process-level checks (Ray, the wheel,
-# the fuzzer, long form, the CLI across processes). CI runs it after `make test`: TEST_SLOW_MINUTES.
+# the fuzzer, long form, the CLI across processes). CI runs it after `make test`: 17 minutes on 2 cores.
 test-slow: setup
 	$(BIN)/python -m pytest -m slow -q --durations=15
 
