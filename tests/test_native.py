@@ -12,7 +12,7 @@ from torch import nn
 from medusa_whisper.step import compute, native
 from medusa_whisper.step.projection import Int8Projection
 
-from test_row_kernels import rows_of_every_kind
+from test_row_kernels import each_row_is_its_own, rows_of_every_kind
 
 built = pytest.mark.skipif(not native.available(), reason="no compiler when the package was set up")
 SHAPES = [(200, 96), (64, 64), (130, 30), (7, 5)]  # channels past a group of 64, k not a multiple of 4
@@ -59,20 +59,6 @@ def test_int8_rows_are_the_integer_reference_to_the_bit(isa, shape):
                            integer_reference(x, layer.qweight, layer.scale, bias)), (isa, bias is None)
 
 
-def each_row_alone(product, k):
-    generator = torch.Generator().manual_seed(k)
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        try:
-            for n in range(1, 10):
-                x = rows_of_every_kind(n, k, generator)
-                together = product(x)
-                for i in range(n):
-                    assert torch.equal(together[i:i + 1], product(x[i:i + 1])), (n, i, threads)
-        finally:
-            torch.set_num_threads(2)
-
-
 @built
 @pytest.mark.parametrize("shape", SHAPES[:2])
 def test_each_row_of_a_call_is_that_row_alone(isa, shape):
@@ -80,10 +66,10 @@ def test_each_row_of_a_call_is_that_row_alone(isa, shape):
     linear = nn.Linear(k, n)
     layer = compute.Int8Linear.from_linear(linear)
     packed = native.pack_int8(layer.qweight)
-    each_row_alone(lambda x: native.int8_rows(x, packed, layer.scale, layer.bias), k)
+    each_row_is_its_own(lambda x: native.int8_rows(x, packed, layer.scale, layer.bias), k)
     module = native.kernels()
     packed_float = module.pack_float(linear.weight.detach())
-    each_row_alone(lambda x: module.float_rows(x, packed_float, linear.bias.detach(), n), k)
+    each_row_is_its_own(lambda x: module.float_rows(x, packed_float, linear.bias.detach(), n), k)
 
 
 @built

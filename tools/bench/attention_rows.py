@@ -4,7 +4,7 @@
 
 Cross-attention of one base layer (8 heads of 64, 1,500 audio positions) and self-attention over
 a 448-slot cache with 64 slots seen, keys and values in bfloat16 as the int8 decoder keeps them:
-microseconds at 1, 2, 4, 6, 9 and 16 rows (median of 30), for
+microseconds at 1, 2, 4, 6, 9 and 16 rows (median, ``routes.median_micros``), for
 
 - ``native``: the package's own kernel (``step.native.attend``, where ``make setup`` built it);
 - ``batched products``: the batched bfloat16 products ``attention.invariant_attention`` runs where
@@ -14,27 +14,14 @@ microseconds at 1, 2, 4, 6, 9 and 16 rows (median of 30), for
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from typing import Callable
 
 import torch
 
 from medusa_whisper.step import attention, native
+from medusa_whisper.step.routes import median_micros
 
 ROWS = (1, 2, 4, 6, 9, 16)
 N_HEAD, D_HEAD = 8, 64
-
-
-def micros(run: Callable[[], object], repeats: int = 30) -> float:
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times) * 1e6
 
 
 def main() -> int:
@@ -58,11 +45,11 @@ def main() -> int:
                     allowed[row, :seen + row + 1] = True
             found = {}
             if native.available():
-                found["native"] = micros(lambda: native.attend(q, k, v, N_HEAD, allowed))
+                found["native"] = median_micros(lambda: native.attend(q, k, v, N_HEAD, allowed))
             built = native.kernels
             native.kernels = lambda: None  # the path taken where the package's kernels are not built
             try:
-                found["batched products"] = micros(
+                found["batched products"] = median_micros(
                     lambda: attention.invariant_attention(q, k, v, N_HEAD, allowed, slots=n_key))
             finally:
                 native.kernels = built

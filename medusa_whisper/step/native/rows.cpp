@@ -228,36 +228,31 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void int8_tile_avx512(con
   }
 }
 
-template <void (*T1)(const Int8Job&, int64_t, int64_t), void (*T2)(const Int8Job&, int64_t, int64_t),
-          void (*T3)(const Int8Job&, int64_t, int64_t), void (*T4)(const Int8Job&, int64_t, int64_t)>
-void tiles_of_four(const Int8Job& job, int64_t g) {
-  int64_t r = 0;
-  for (; r + 4 <= job.rows; r += 4) T4(job, g, r);
-  switch (job.rows - r) {
-    case 3: T3(job, g, r); break;
-    case 2: T2(job, g, r); break;
-    case 1: T1(job, g, r); break;
+// Rows in tiles of MAX (as many as a tile's accumulators fit in registers), then one tile of the
+// rest; ``Tile::run<R>`` computes R rows from row r of group g.
+template <int R, typename Job, typename Tile>
+void last_tile(const Job& job, int64_t g, int64_t r, int64_t left) {
+  if constexpr (R > 0) {
+    if (left == R) return Tile::template run<R>(job, g, r);
+    last_tile<R - 1, Job, Tile>(job, g, r, left);
   }
 }
 
+template <int MAX, typename Job, typename Tile>
+void in_tiles(const Job& job, int64_t g) {
+  int64_t r = 0;
+  for (; r + MAX <= job.rows; r += MAX) Tile::template run<MAX>(job, g, r);
+  last_tile<MAX - 1, Job, Tile>(job, g, r, job.rows - r);
+}
+
+struct Int8Avx512 { template <int R> static void run(const Int8Job& j, int64_t g, int64_t r) { int8_tile_avx512<R>(j, g, r); } };
+struct Int8Avx2 { template <int R> static void run(const Int8Job& j, int64_t g, int64_t r) { int8_tile_avx2<R>(j, g, r); } };
+
 void int8_group(const Int8Job& job, int64_t g) {
   switch (isa_in_use()) {
-    case AVX512: {  // 6 rows x 4 vectors of accumulators
-      int64_t r = 0;
-      for (; r + 6 <= job.rows; r += 6) int8_tile_avx512<6>(job, g, r);
-      switch (job.rows - r) {
-        case 5: int8_tile_avx512<5>(job, g, r); break;
-        case 4: int8_tile_avx512<4>(job, g, r); break;
-        case 3: int8_tile_avx512<3>(job, g, r); break;
-        case 2: int8_tile_avx512<2>(job, g, r); break;
-        case 1: int8_tile_avx512<1>(job, g, r); break;
-      }
-      return;
-    }
-    case AVX2:
-      return tiles_of_four<int8_tile_avx2<1>, int8_tile_avx2<2>, int8_tile_avx2<3>, int8_tile_avx2<4>>(job, g);
-    default:
-      return int8_group_scalar(job, g);
+    case AVX512: return in_tiles<6, Int8Job, Int8Avx512>(job, g);  // 6 rows x 4 vectors of accumulators
+    case AVX2: return in_tiles<4, Int8Job, Int8Avx2>(job, g);
+    default: return int8_group_scalar(job, g);
   }
 }
 
@@ -342,32 +337,14 @@ __attribute__((target("avx512f"))) void float_tile_avx512(const FloatJob& job, i
   }
 }
 
+struct FloatAvx512 { template <int R> static void run(const FloatJob& j, int64_t g, int64_t r) { float_tile_avx512<R>(j, g, r); } };
+struct FloatAvx2 { template <int R> static void run(const FloatJob& j, int64_t g, int64_t r) { float_tile_avx2<R>(j, g, r); } };
+
 void float_group(const FloatJob& job, int64_t g) {
   switch (isa_in_use()) {
-    case AVX512: {
-      int64_t r = 0;
-      for (; r + 6 <= job.rows; r += 6) float_tile_avx512<6>(job, g, r);
-      switch (job.rows - r) {
-        case 5: float_tile_avx512<5>(job, g, r); break;
-        case 4: float_tile_avx512<4>(job, g, r); break;
-        case 3: float_tile_avx512<3>(job, g, r); break;
-        case 2: float_tile_avx512<2>(job, g, r); break;
-        case 1: float_tile_avx512<1>(job, g, r); break;
-      }
-      return;
-    }
-    case AVX2: {
-      int64_t r = 0;
-      for (; r + 4 <= job.rows; r += 4) float_tile_avx2<4>(job, g, r);
-      switch (job.rows - r) {
-        case 3: float_tile_avx2<3>(job, g, r); break;
-        case 2: float_tile_avx2<2>(job, g, r); break;
-        case 1: float_tile_avx2<1>(job, g, r); break;
-      }
-      return;
-    }
-    default:
-      return float_group_scalar(job, g);
+    case AVX512: return in_tiles<6, FloatJob, FloatAvx512>(job, g);
+    case AVX2: return in_tiles<4, FloatJob, FloatAvx2>(job, g);
+    default: return float_group_scalar(job, g);
   }
 }
 
