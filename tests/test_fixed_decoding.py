@@ -75,7 +75,8 @@ def test_step_states_equal_the_eager_decoder_for_a_chain_and_a_tree(tiny_en, rea
     with torch.no_grad():
         eager = cpu.pass_at(prompt, torch.arange(n), 0, torch.ones(n, n, dtype=torch.bool).tril())
         fixed = step(prompt, torch.arange(n)[None])
-        assert torch.allclose(fixed, eager, atol=2e-4, rtol=0)
+        # two kernels' rounding: states of up to about 100 agree to a few units in their 6th digit
+        torch.testing.assert_close(fixed, eager, atol=2e-4, rtol=1e-5)
         assert torch.equal(step.logits(fixed).argmax(-1), project(decoder, eager).argmax(-1))
         # a tree after the prompt: the pending token, then two candidates at depth 1 and one under each
         tree = best_first([([11, 13], [-0.1, -0.2]), ([290, 318], [-0.3, -0.4])], max_nodes=4)
@@ -87,7 +88,7 @@ def test_step_states_equal_the_eager_decoder_for_a_chain_and_a_tree(tiny_en, rea
         every_slot = torch.zeros(1, rows, step.n_ctx, dtype=torch.bool)
         every_slot[0, :, :n + rows] = mask
         fixed = step(tokens, positions[None], every_slot, slots=torch.arange(n, n + rows)[None])
-        assert torch.allclose(fixed, eager, atol=2e-4, rtol=0)
+        torch.testing.assert_close(fixed, eager, atol=2e-4, rtol=1e-5)
         assert not torch.allclose(fixed[0, 2], fixed[0, 4], atol=1e-2)  # siblings at one position differ
 
 

@@ -52,13 +52,24 @@ SLOT_STEP = 16
 
 
 def row_invariant(attn: nn.Module) -> bool:
-    """Whether this attention module is set to attend with ``invariant_attention`` (compute.py sets it)."""
-    return bool(getattr(attn, "row_invariant", False))
+    """Whether this attention module attends with ``invariant_attention``: set by compute.py for a
+    converted model, and always for a float32 one whose products are the package's kernels
+    (``native.runs_float``), which attends over float32 keys and values by ``native.attend``."""
+    return bool(getattr(attn, "row_invariant", False)) or _float32_native(attn)
 
 
 def invariant_dtype(attn: nn.Module) -> torch.dtype:
     """The dtype this module's keys and values are kept in for ``invariant_attention``."""
-    return getattr(attn, "invariant_dtype", INVARIANT_DTYPE)
+    marked = getattr(attn, "invariant_dtype", None)
+    if marked is not None:
+        return marked
+    return torch.float32 if _float32_native(attn) else INVARIANT_DTYPE
+
+
+def _float32_native(attn: nn.Module) -> bool:
+    query = getattr(attn, "query", None)
+    return (query is not None and native.runs_float(query)
+            and native.attends(torch.float32, query.out_features // attn.n_head))
 
 
 def invariant_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, allowed: Optional[Tensor],

@@ -33,9 +33,11 @@ import whisper.model
 from torch import Tensor, nn
 from whisper.model import MultiHeadAttention
 
+from . import native
 from .attention import attended_slots, invariant_attention, invariant_dtype, row_invariant
 from .cache import CrossKV
 from .fixed import FixedStep, Layer, UnsupportedStep, heads, product_dtype
+from .int8_kernels import Prepared
 from .projection import next_token_logits, of as projection_of
 from .routes import WEIGHT_FIRST, route_for, weight_times_rows
 from .together import rows_together, together
@@ -47,19 +49,35 @@ _PLAIN_LINEARS = (nn.Linear, whisper.model.Linear)
 
 
 def linear(module: nn.Module, x: Tensor) -> Tensor:
-    """``module(x)`` for a linear layer, by the route measured fastest on this CPU for its rows.
+    """``module(x)`` for a linear layer: a pass's float32 rows by the package's row-invariant kernel.
 
-    Departs from whisper's ``F.linear(x, W, b)`` for float32 ``nn.Linear`` layers on a CPU when x
-    holds a step's few rows and ``routes.route_for`` measured ``W @ x.T`` faster here. Other layers
-    (compute types' converted linears) are called as they are.
+    Departs from whisper's ``F.linear(x, W, b)`` for float32 ``nn.Linear`` layers on a CPU: where
+    ``make setup`` built the kernels, the rows of a pass that are not only computed together (a
+    prompt's are, ``together.py``) go through ``native.float_rows``, so a verified row, or a stream's
+    row in a batch, gets the bits it gets alone (PyTorch's products sum in another order for another
+    number of rows). Without them, the route ``routes.route_for`` measured fastest here for the rows.
+    Other layers (compute types' converted linears) are called as they are.
     """
     if type(module) not in _PLAIN_LINEARS or x.device.type != "cpu" or x.dtype != module.weight.dtype:
         return module(x)
     flat = x.reshape(-1, x.shape[-1])
+    if x.dtype == torch.float32 and not together() and native.available():
+        packed = _forms(module).get("native", lambda: native.pack_float(module.weight), module.weight,
+                                    module.weight.data_ptr())
+        out = native.float_rows(flat, packed, module.bias, module.out_features)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
     if route_for("linear", module.weight, flat.shape[0]) != WEIGHT_FIRST:
         return module(x)
     out = weight_times_rows(module.weight, module.bias, flat)
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _forms(module: nn.Module) -> Prepared:
+    """The forms made of a plain layer's weights for the CPU's kernels, kept on the layer."""
+    forms = module.__dict__.get("_cpu_forms")
+    if forms is None:
+        forms = module._cpu_forms = Prepared()
+    return forms
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, mask: Optional[Tensor]) -> Tensor:

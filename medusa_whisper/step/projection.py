@@ -23,6 +23,7 @@ from . import native
 from .int8_kernels import (Prepared, dynamic_int8_matmul, dynamic_prepack, has_static_product, prepack,
                            quantize_rows, rowwise_int8_matmul, static_int8_matmul)
 from .routes import WEIGHT_FIRST, median_micros, route_for, table as routes_table, weight_times_rows
+from .together import together
 
 
 class Projection(nn.Module):
@@ -56,7 +57,10 @@ def of(decoder: nn.Module) -> Projection:
 class FloatProjection(Projection):
     """Float32 embedding rows, read from the decoder's embedding (no copy of the whole vocabulary).
 
-    On a CPU the product goes the route ``routes.route_for`` measured fastest here for this number of
+    On a CPU, where ``make setup`` built the package's kernels, a pass's rows are multiplied by
+    ``native.float_rows``: each logit one fused multiply-add chain in a fixed order, so a verified
+    row gets the logits it gets alone and a selected row's logits are the whole vocabulary's
+    column. Without them the product goes the route ``routes.route_for`` measured fastest here for this number of
     rows: ``weight_times_rows`` over the rows as stored, or ``x @ W.T`` against a contiguous
     transposed copy, made at first use: a few rows against the transposed view of the (n_vocab,
     n_state) embedding are about twice as slow as against such a copy, and the projection is most of
@@ -86,6 +90,9 @@ class FloatProjection(Projection):
             return states @ rows.to(states.dtype).T
         rows = self._rows(weight)
         flat = states.reshape(-1, states.shape[-1])
+        if states.dtype == torch.float32 and not together() and native.available():
+            packed = self.prepared.get("native", lambda: native.pack_float(rows), rows, rows.data_ptr())
+            return native.float_rows(flat, packed, None, rows.shape[0]).reshape(*states.shape[:-1], rows.shape[0])
         if route_for("projection", rows, flat.shape[0]) == WEIGHT_FIRST:
             return weight_times_rows(rows, None, flat).reshape(*states.shape[:-1], rows.shape[0])
         transposed = self.prepared.get("transposed", lambda: rows.detach().T.contiguous(), rows, rows.data_ptr())

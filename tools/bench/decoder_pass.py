@@ -273,38 +273,40 @@ def main() -> None:
         if args.parts:
             print_parts(args, models, features)
             return
-        for rows in row_counts:
-            runners = {t: pass_runner(m, features[t], rows) for t, m in models.items()}
-            times = {t: [] for t in types}
-            for fn, _ in runners.values():
-                fn(), fn()  # warm-up: first-use route measurements and prepacking happen here
-            for _ in range(args.reps):
-                for t, (fn, _) in runners.items():
-                    began = time.perf_counter()
-                    fn()
-                    times[t].append((time.perf_counter() - began) * 1e3)
-            for t, (fn, step) in runners.items():
-                parts = pass_bytes(models[t], step, rows)
-                total = sum(parts.values())
-                bandwidth = read_bandwidth(total)
-                floor_ms = total / bandwidth * 1e3
-                ms = statistics.median(times[t])
-                results.append({"compute_type": t, "rows": rows, "ms": round(ms, 2), "min_ms": round(min(times[t]), 2),
-                                **profile_pass(fn, ms), "bytes": parts, "mb": round(total / 1e6, 1),
-                                "gb_per_s": round(bandwidth / 1e9, 1), "floor_ms": round(floor_ms, 2),
-                                "x_floor": round(ms / floor_ms, 2)})
-                # how fast the kernels read what they multiply, against the bandwidth the floor assumes
-                r = results[-1]
-                r["products_gb_per_s"] = round((parts["weights"] + parts["projection"]) / max(r["products_ms"], 1e-3) / 1e6, 1)
-                r["attention_gb_per_s"] = round((parts["cross_kv"] + parts["self_kv"]) / max(r["attention_ms"], 1e-3) / 1e6, 1)
-                print(json.dumps(r), flush=True)
+        # every row count and compute type timed in turn, round after round: this VM's bandwidth drifts
+        # by 2x over minutes, and a ratio of passes timed minutes apart measured the drift
+        runners = {(t, rows): pass_runner(m, features[t], rows) for rows in row_counts for t, m in models.items()}
+        times = {key: [] for key in runners}
+        for fn, _ in runners.values():
+            fn(), fn()  # warm-up: first-use route measurements and prepacking happen here
+        for _ in range(args.reps):
+            for key, (fn, _) in runners.items():
+                began = time.perf_counter()
+                fn()
+                times[key].append((time.perf_counter() - began) * 1e3)
+        for (t, rows), (fn, step) in runners.items():
+            parts = pass_bytes(models[t], step, rows)
+            total = sum(parts.values())
+            bandwidth = read_bandwidth(total)
+            floor_ms = total / bandwidth * 1e3
+            ms = statistics.median(times[t, rows])
+            results.append({"compute_type": t, "rows": rows, "ms": round(ms, 2), "min_ms": round(min(times[t, rows]), 2),
+                            "of_one_row": round(ms / statistics.median(times[t, row_counts[0]]), 2),
+                            **profile_pass(fn, ms), "bytes": parts, "mb": round(total / 1e6, 1),
+                            "gb_per_s": round(bandwidth / 1e9, 1), "floor_ms": round(floor_ms, 2),
+                            "x_floor": round(ms / floor_ms, 2)})
+            # how fast the kernels read what they multiply, against the bandwidth the floor assumes
+            r = results[-1]
+            r["products_gb_per_s"] = round((parts["weights"] + parts["projection"]) / max(r["products_ms"], 1e-3) / 1e6, 1)
+            r["attention_gb_per_s"] = round((parts["cross_kv"] + parts["self_kv"]) / max(r["attention_ms"], 1e-3) / 1e6, 1)
+            print(json.dumps(r), flush=True)
     print()
-    print("| compute type | rows | ms per pass | ATen ops | products / attention / other ms (profiler's shares) | MB read "
+    print("| compute type | rows | ms per pass | of the first row count's | ATen ops | products / attention / other ms (profiler's shares) | MB read "
           "| GB/s here | products, attention GB/s | floor ms | x floor |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in sorted(results, key=lambda r: (types.index(r["compute_type"]), r["rows"])):
         split = f"{r['products_ms']} / {r['attention_ms']} / {r['other_ms']}"
-        print(f"| {r['compute_type']} | {r['rows']} | {r['ms']} | {r['aten_ops']} | {split} | {r['mb']} | {r['gb_per_s']} | "
+        print(f"| {r['compute_type']} | {r['rows']} | {r['ms']} | {r['of_one_row']} | {r['aten_ops']} | {split} | {r['mb']} | {r['gb_per_s']} | "
               f"{r['products_gb_per_s']}, {r['attention_gb_per_s']} | {r['floor_ms']} | {r['x_floor']} |")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

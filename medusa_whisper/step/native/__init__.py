@@ -80,6 +80,26 @@ def int8_rows(rows: torch.Tensor, packed, scale: torch.Tensor, bias: Optional[to
     return kernels().int8_rows(rows.float().contiguous(), packed[0], packed[1], scale, bias, scale.shape[0])
 
 
+def pack_float(weight: torch.Tensor) -> torch.Tensor:
+    """The form ``float_rows`` reads of an (n, k) float32 weight."""
+    return kernels().pack_float(weight.detach().float().contiguous())
+
+
+def runs_float(linear: torch.nn.Module) -> bool:
+    """Whether a pass's rows through this layer are multiplied by ``float_rows``: a float32
+    ``nn.Linear`` (whisper's own included) on the CPU, where the kernels are built. Then the decoder's
+    float32 products, and its attention (attention.row_invariant), give a row the bits it gets alone."""
+    weight = getattr(linear, "weight", None)
+    return (isinstance(linear, torch.nn.Linear) and weight is not None and weight.dtype == torch.float32
+            and weight.device.type == "cpu" and available())
+
+
+def float_rows(rows: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], n: int) -> torch.Tensor:
+    """rows (m, k) @ W.T + bias in float32, each output one fused multiply-add chain over k in order:
+    a row's bits are its own whatever the rows beside it, the threads or the instruction set."""
+    return kernels().float_rows(rows.float().contiguous(), packed, None if bias is None else bias.detach(), n)
+
+
 def attends(dtype: torch.dtype, d_head: int) -> bool:
     """Whether ``attend`` takes keys and values of this dtype and head width (where built)."""
     return dtype in (torch.bfloat16, torch.float32) and d_head % 16 == 0 and available()

@@ -27,7 +27,17 @@ namespace {
 
 constexpr int64_t GROUP = 64;   // output channels per packed group: 4 vectors of 16 lanes
 constexpr int LEVELS = 127;     // int8 activation levels either side of zero
+// Weights are streamed once per tile of rows, and with several rows the loads of one k step wait
+// behind its products: asking for the lines this far ahead keeps the memory busy meanwhile
+// (base's vocabulary, 6 float32 rows: 7.9 ms without, 5.9 ms with, against 5.2 ms for one row).
+constexpr int64_t PREFETCH_BYTES = 4096;
 constexpr int64_t TASK_BYTES = 64 << 10;  // least weight bytes a thread takes: smaller tasks cost more to hand out
+
+// the 256 bytes of weights one k step of a group reads, PREFETCH_BYTES after ``step``
+inline void ahead(const void* step) {
+  const char* at = static_cast<const char*>(step) + PREFETCH_BYTES;
+  for (int line = 0; line < 4; ++line) _mm_prefetch(at + line * 64, _MM_HINT_T0);
+}
 
 enum Isa { SCALAR = 0, AVX2 = 1, AVX512 = 2 };
 
@@ -163,6 +173,7 @@ __attribute__((target("avx2,fma"))) void int8_tile_avx2(const Int8Job& job, int6
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     for (int64_t kw = 0; kw < job.k_words; ++kw) {
       const int8_t* wk = w + (kw * GROUP + quarter * 16) * 4;
+      if (quarter == 0) ahead(w + kw * GROUP * 4);
       const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk));
       const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk + 32));
       const __m256i a0 = _mm256_abs_epi8(w0), a1 = _mm256_abs_epi8(w1);
@@ -201,6 +212,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void int8_tile_avx512(con
     for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_si512();
   for (int64_t kw = 0; kw < job.k_words; ++kw) {
     const int8_t* wk = w + kw * GROUP * 4;
+    ahead(wk);
     const __m512i w0 = _mm512_loadu_si512(wk), w1 = _mm512_loadu_si512(wk + 64);
     const __m512i w2 = _mm512_loadu_si512(wk + 128), w3 = _mm512_loadu_si512(wk + 192);
     for (int r = 0; r < R; ++r) {
@@ -288,6 +300,7 @@ __attribute__((target("avx2,fma"))) void float_tile_avx2(const FloatJob& job, in
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t i = 0; i < job.k; ++i) {
+      if (quarter == 0) ahead(w + i * GROUP);
       const __m256 w0 = _mm256_loadu_ps(w + i * GROUP + quarter * 16), w1 = _mm256_loadu_ps(w + i * GROUP + quarter * 16 + 8);
       for (int r = 0; r < R; ++r) {
         const __m256 x = _mm256_broadcast_ss(job.x + (r0 + r) * job.k + i);
@@ -316,6 +329,7 @@ __attribute__((target("avx512f"))) void float_tile_avx512(const FloatJob& job, i
     for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t i = 0; i < job.k; ++i) {
     const float* wk = w + i * GROUP;
+    ahead(wk);
     const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
     const __m512 w2 = _mm512_loadu_ps(wk + 32), w3 = _mm512_loadu_ps(wk + 48);
     for (int r = 0; r < R; ++r) {
