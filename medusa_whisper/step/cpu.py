@@ -61,9 +61,9 @@ def linear(module: nn.Module, x: Tensor) -> Tensor:
     if type(module) not in _PLAIN_LINEARS or x.device.type != "cpu" or x.dtype != module.weight.dtype:
         return module(x)
     flat = x.reshape(-1, x.shape[-1])
-    if x.dtype == torch.float32 and not together() and native.available():
-        packed = _forms(module).get("native", lambda: native.pack_float(module.weight), module.weight,
-                                    module.weight.data_ptr())
+    if not together() and native.runs_float(module):
+        weight = module.weight
+        packed = _forms(module).get("native", lambda: native.pack_float(weight), weight, weight.data_ptr())
         out = native.float_rows(flat, packed, module.bias, module.out_features)
         return out.reshape(*x.shape[:-1], out.shape[-1])
     if route_for("linear", module.weight, flat.shape[0]) != WEIGHT_FIRST:

@@ -60,11 +60,11 @@ class FloatProjection(Projection):
     On a CPU, where ``make setup`` built the package's kernels, a pass's rows are multiplied by
     ``native.float_rows``: each logit one fused multiply-add chain in a fixed order, so a verified
     row gets the logits it gets alone and a selected row's logits are the whole vocabulary's
-    column. Without them the product goes the route ``routes.route_for`` measured fastest here for this number of
-    rows: ``weight_times_rows`` over the rows as stored, or ``x @ W.T`` against a contiguous
-    transposed copy, made at first use: a few rows against the transposed view of the (n_vocab,
-    n_state) embedding are about twice as slow as against such a copy, and the projection is most of
-    a small model's decoder step. On CUDA the view is as fast: no copy.
+    column. Without them the product goes the route ``routes.route_for`` measured fastest here for
+    this number of rows: ``weight_times_rows`` over the rows as stored, or ``x @ W.T`` against a
+    contiguous transposed copy, made at first use: a few rows against the transposed view of the
+    (n_vocab, n_state) embedding are about twice as slow as against such a copy, and the projection
+    is most of a small model's decoder step. On CUDA the view is as fast: no copy.
     """
 
     def __init__(self, embedding: nn.Embedding, ids: Optional[Tensor] = None):
@@ -167,8 +167,9 @@ class Int8Projection(Projection):
                 def timer(kernel: str):
                     def run() -> float:  # its random rows drawn when timed: see RouteTable.choose_kernel
                         trials = [Int8Projection(n_vocab, n_state, kernel) for _ in range(STREAMED_COPIES)]
-                        for trial in trials:
-                            trial.qweight, trial.scale = self.qweight.clone(), self.scale
+                        for copy, trial in enumerate(trials):
+                            trial.qweight = self.qweight if copy == 0 else self.qweight.clone()
+                            trial.scale = self.scale
                         one, eight = torch.randn(1, n_state), torch.randn(8, n_state)
                         return sum(median_micros(lambda: [trial(x) for trial in trials])
                                    for x in (one, eight)) / len(trials)
