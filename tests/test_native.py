@@ -119,6 +119,21 @@ def test_without_a_build_nothing_compiles_and_the_choices_leave_it_out(tmp_path,
         native.kernels.cache_clear()
 
 
+def test_a_build_this_user_may_not_read_is_no_build(tmp_path, monkeypatch):
+    """Set up by root, run by a user who may not enter root's cache: PyTorch's kernels, no error."""
+    from pathlib import Path
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+    monkeypatch.setenv(native.KERNELS_ENV, str(tmp_path))
+    monkeypatch.setattr(Path, "is_dir", denied)
+    native.kernels.cache_clear()
+    try:
+        assert not native.available()
+    finally:
+        native.kernels.cache_clear()
+
+
 def test_a_failed_build_says_so_in_one_line_and_setup_goes_on(tmp_path, monkeypatch, capsys):
     from torch.utils import cpp_extension
 

@@ -52,7 +52,11 @@ def kernels() -> Optional[ModuleType]:
     """The built module, or None where it was not built for this source and PyTorch (never builds)."""
     name = build_name()
     folder = kernels_dir() / name
-    found = sorted(folder.glob(f"{name}*.so")) if folder.is_dir() else []
+    try:
+        found = sorted(folder.glob(f"{name}*.so")) if folder.is_dir() else []
+    except OSError as error:  # another user's build (set up as root, run as a user): PyTorch's kernels
+        log.debug("the package's kernels in %s cannot be read (%s): using PyTorch's", folder, error)
+        return None
     if not found:
         return None
     try:
