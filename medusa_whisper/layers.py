@@ -56,7 +56,7 @@ LAYERS: Tuple[Layer, ...] = (
     Layer("step", "step/: the one decoder step (fixed.FixedStep) over dense products (what CUDA graphs replay) "
                   "or the CPU's (cpu.CpuProducts), and a draft head's block on either (fixed.DraftBlock); drafting/heads: the Medusa "
                   "head modules",
-          ("medusa_whisper.step.fixed", "medusa_whisper.step.cpu",
+          ("medusa_whisper.step.fixed", "medusa_whisper.step.cpu", "medusa_whisper.step.native_decoder",
            "medusa_whisper.drafting.heads")),
     Layer("drafters", "drafting/: draft head modules, the proposers (inside the pass: drafting.device, driven between "
                       "passes where the host accepts: device.hosted; the draft model's and the CTC head's on the "

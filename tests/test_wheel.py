@@ -59,7 +59,10 @@ def test_the_wheel_holds_the_heads_and_no_plots(wheel):
     assert "medusa_whisper/cli.py" in names and "medusa_whisper/drafting/eagle.py" in names
     assert "medusa_whisper/audio/timing_clip.flac" in names  # what the package times its choices on
     assert "medusa_whisper/kinds/xeon-amx.json" in names  # the recorded CPU kinds a first run predicts from
-    assert "medusa_whisper/step/native/rows.cpp" in names  # the row kernels' source, built at set-up
+    from medusa_whisper.step import native
+
+    for source in native.SOURCES + native.HEADERS:  # the kernels' sources, built at set-up
+        assert f"medusa_whisper/step/native/{source.name}" in names
 
 
 def test_an_installed_wheel_loads_every_shipped_head(wheel, tmp_path):

@@ -194,8 +194,7 @@ class Int8Linear(nn.Module):
         rows, "static" (fbgemm), "rowwise" (oneDNN) and "native" (the package's own, native/rows.cpp)
         quantise each row to int8 with its own scale."""
         if kernel == "native":
-            packed = self.prepared.get("native", lambda: native.pack_int8(self.qweight), self.qweight)
-            return native.int8_rows(rows, packed, self._buffers["scale"], bias), None
+            return native.int8_rows(rows, self.native_form(), self._buffers["scale"], bias), None
         if kernel == "static":
             packed = self.prepared.get("fbgemm", lambda: dynamic_prepack(self.qweight, self.scale), self.qweight,
                                        self.scale)
@@ -209,6 +208,10 @@ class Int8Linear(nn.Module):
         # widening bfloat16 is exact, so this is float(y) * scale + bias without the float32 copy
         scale = self._buffers["scale"]
         return (torch.mul(y, scale) if bias is None else torch.addcmul(bias, y, scale)), None
+
+    def native_form(self):
+        """``native.pack_int8``'s form of the weights (the package's kernels), made on first use."""
+        return self.prepared.get("native", lambda: native.pack_int8(self.qweight), self.qweight)
 
     def _int8_rows_product(self, rows: Tensor) -> Tensor:
         """rows @ W.T through oneDNN's u8s8 product, each row quantised alone; float32 out, no bias."""

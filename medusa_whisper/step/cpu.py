@@ -15,7 +15,9 @@ gives the step the CPU's instead:
   several where the model is converted (``rows_alone``), one batch item at a time beside others
   (that kernel is not batch-invariant);
 - the cross-attention's keys and values computed with their rows together (``cross_cache``),
-  the vocabulary by the compute type's projection (and a ``base_head`` model's head first).
+  the vocabulary by the compute type's projection (and a ``base_head`` model's head first);
+- where all of a pass's layers run on the package's kernels, the layers in one native call
+  (``native_decoder.NativeDecoder``, ``native``), for every pass but a prompt's.
 
 So a pass reads on the host where its slots end (nothing is captured on the CPU), and a batch pass
 runs over the items in use only.
@@ -37,7 +39,7 @@ from . import native
 from .attention import attended_slots, invariant_attention, invariant_dtype, row_invariant
 from .cache import CrossKV
 from .fixed import FixedStep, Layer, UnsupportedStep, heads, product_dtype
-from .int8_kernels import Prepared
+from .native_decoder import NativeDecoder
 from .projection import next_token_logits, of as projection_of
 from .routes import WEIGHT_FIRST, route_for, weight_times_rows
 from .together import rows_together, together
@@ -62,22 +64,12 @@ def linear(module: nn.Module, x: Tensor) -> Tensor:
         return module(x)
     flat = x.reshape(-1, x.shape[-1])
     if not together() and native.runs_float(module):
-        weight = module.weight
-        packed = _forms(module).get("native", lambda: native.pack_float(weight), weight, weight.data_ptr())
-        out = native.float_rows(flat, packed, module.bias, module.out_features)
+        out = native.float_rows(flat, native.float_form(module), module.bias, module.out_features)
         return out.reshape(*x.shape[:-1], out.shape[-1])
     if route_for("linear", module.weight, flat.shape[0]) != WEIGHT_FIRST:
         return module(x)
     out = weight_times_rows(module.weight, module.bias, flat)
     return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def _forms(module: nn.Module) -> Prepared:
-    """The forms made of a plain layer's weights for the CPU's kernels, kept on the layer."""
-    forms = module.__dict__.get("_cpu_forms")
-    if forms is None:
-        forms = module._cpu_forms = Prepared()
-    return forms
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, n_head: int, mask: Optional[Tensor]) -> Tensor:
@@ -269,6 +261,8 @@ class CpuProducts:
         self.cache_dtype = invariant_dtype(first.attn) if row_invariant(first.attn) else residual
         self.cross_dtype = invariant_dtype(first.cross_attn) if row_invariant(first.cross_attn) else residual
         self.n_head = first.attn.n_head
+        # a pass's layers in one call of the package's kernels, where every part of them runs on those
+        self.native = NativeDecoder.of(model, residual)
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """Token and position embeddings summed in the model's dtype, then in the residual's."""

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .compute import HalfLinear, Int8Linear
-from .together import rows_together
+from .together import rows_together, together
 
 Product = Tuple[Tensor, Optional[Tensor]]  # a linear layer's weight (out, in) and bias
 # a layer's product: dense weights (what CUDA replays), or a function of the rows (the CPU's
@@ -247,6 +247,7 @@ class DenseProducts:
 
     fixed_shapes = True
     attention = FUSED
+    native = None  # the layers in one native call (the CPU's, ``native_decoder``): never for these
 
     def __init__(self, model: nn.Module, residual: torch.dtype):
         decoder = model.decoder
@@ -458,6 +459,8 @@ class FixedStep:
         slots = positions if slots is None else slots
         allowed, index, read = pass_plan(self.products, allowed, slots, end, self.n_head,
                                          self.n_state // self.n_head, self.n_ctx)
+        if self.products.native is not None and not together():
+            return self.products.native(x, keys, values, cross_keys, cross_values, allowed, slots, allowed.shape[-1])
         for i, layer in enumerate(self.layers):
             x = layer_forward(layer, x, keys[i], values[i], cross_keys[i], cross_values[i], allowed, index,
                               self.n_head, self.products.attention, read)

@@ -14,8 +14,12 @@ and its ISA features, a Markdown table, and writes JSON (``--out``).
 
 ``--int8-kernel native`` (or weight_only, static, rowwise) makes every int8 decoder linear's few rows,
 and the vocabulary where it runs that kernel, take that kernel instead of the one chosen here.
+``--layers one-call,one-by-one`` times the decoder's layers both ways where the package's kernels
+run them as one call (``step/native_decoder.py``), interleaved with the rest; the profiler's split
+into products, attention and other is given for the layers called one by one only (the one call is
+not an ATen operator).
 
-``--parts`` instead times where one pass goes by taking each part out in turn (it returns zeros of
+``--parts`` instead times where one pass goes, with the layers called one by one, by taking each part out in turn (it returns zeros of
 its shape; the passes alternate, medians): cross-attention, self-attention, the linears, the
 vocabulary product; and the cost per operator that no byte explains: the same decoder structure
 (layers, heads, modules, compute type) 64 wide instead of the model's width.
@@ -97,9 +101,12 @@ def pass_bytes(model: nn.Module, step, rows: int) -> Dict[str, int]:
             "self_kv": per_slot * slots}
 
 
-def pass_runner(model, features: Tensor, rows: int):
-    """One pass of ``rows`` new rows after CONTEXT cached tokens, as a callable, and its step."""
+def pass_runner(model, features: Tensor, rows: int, one_call: bool = True):
+    """One pass of ``rows`` new rows after CONTEXT cached tokens, as a callable, and its step; its
+    layers called one by one where ``one_call`` is False or the package's kernels do not run them."""
     step = cpu_step(model, 1, features.dtype, features.device)
+    if not one_call:
+        step.products.native = None
     step.set_audio(features)
     tokens = torch.randint(0, 50000, (1, CONTEXT))
     step.pass_at(tokens, torch.arange(CONTEXT), 0, chain_mask(0, CONTEXT, "cpu"))
@@ -154,7 +161,7 @@ def time_parts(model, features: Tensor, rows: int, reps: int) -> Dict[str, float
 
     import medusa_whisper.step.cpu as cpu_module
 
-    run, step = pass_runner(model, features, rows)
+    run, step = pass_runner(model, features, rows, one_call=False)
     attention, fused = cpu_module.invariant_attention, cpu_module.fused_attention
     n_audio = features.shape[1]
 
@@ -252,6 +259,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--parts", action="store_true",
                         help="where a pass goes: each part taken out in turn, and the per-operator floor")
+    parser.add_argument("--layers", default="one-call",
+                        help="one-call, one-by-one, or both (comma-separated): how the decoder's layers run")
     parser.add_argument("--int8-kernel", choices=compute.FEW_ROWS_KERNELS, default=None,
                         help="every int8 decoder linear's few rows, and the vocabulary where it runs it, by this "
                              "kernel (default: the one chosen here)")
@@ -260,6 +269,9 @@ def main() -> None:
     if args.int8_kernel:
         force_int8_kernel(args.int8_kernel)
     types, row_counts = args.compute_types.split(","), [int(r) for r in args.rows.split(",")]
+    ways = args.layers.split(",")
+    if not set(ways) <= {"one-call", "one-by-one"}:
+        parser.error(f"--layers {args.layers}: one-call, one-by-one or both")
     machine = {**machine_id(), "isa": isa_features()}
     print(f"{machine['cpu']} ({machine['isa']}), torch {machine['torch']}, {args.threads} threads, "
           f"{args.model}, {CONTEXT} cached tokens", flush=True)
@@ -275,7 +287,8 @@ def main() -> None:
             return
         # every row count and compute type timed in turn, round after round: this VM's bandwidth drifts
         # by 2x over minutes, and a ratio of passes timed minutes apart measured the drift
-        runners = {(t, rows): pass_runner(m, features[t], rows) for rows in row_counts for t, m in models.items()}
+        runners = {(t, rows, way): pass_runner(m, features[t], rows, way == "one-call")
+                   for rows in row_counts for t, m in models.items() for way in ways}
         times = {key: [] for key in runners}
         for fn, _ in runners.values():
             fn(), fn()  # warm-up: first-use route measurements and prepacking happen here
@@ -284,30 +297,39 @@ def main() -> None:
                 began = time.perf_counter()
                 fn()
                 times[key].append((time.perf_counter() - began) * 1e3)
-        for (t, rows), (fn, step) in runners.items():
+        for (t, rows, asked), (fn, step) in runners.items():
             parts = pass_bytes(models[t], step, rows)
             total = sum(parts.values())
             bandwidth = read_bandwidth(total)
             floor_ms = total / bandwidth * 1e3
-            ms = statistics.median(times[t, rows])
-            results.append({"compute_type": t, "rows": rows, "ms": round(ms, 2), "min_ms": round(min(times[t, rows]), 2),
-                            "of_one_row": round(ms / statistics.median(times[t, row_counts[0]]), 2),
-                            **profile_pass(fn, ms), "bytes": parts, "mb": round(total / 1e6, 1),
+            ms = statistics.median(times[t, rows, asked])
+            way = asked if step.products.native is not None else "one-by-one"  # where the kernels do not run them
+            split = profile_pass(fn, ms)
+            if way == "one-call":  # the profiler sees the ATen operators around the one call only
+                split.update(products_ms=None, attention_ms=None, other_ms=None)
+            results.append({"compute_type": t, "rows": rows, "layers": way, "ms": round(ms, 2),
+                            "min_ms": round(min(times[t, rows, asked]), 2),
+                            "of_one_row": round(ms / statistics.median(times[t, row_counts[0], asked]), 2),
+                            **split, "bytes": parts, "mb": round(total / 1e6, 1),
                             "gb_per_s": round(bandwidth / 1e9, 1), "floor_ms": round(floor_ms, 2),
                             "x_floor": round(ms / floor_ms, 2)})
             # how fast the kernels read what they multiply, against the bandwidth the floor assumes
             r = results[-1]
-            r["products_gb_per_s"] = round((parts["weights"] + parts["projection"]) / max(r["products_ms"], 1e-3) / 1e6, 1)
-            r["attention_gb_per_s"] = round((parts["cross_kv"] + parts["self_kv"]) / max(r["attention_ms"], 1e-3) / 1e6, 1)
+            if r["products_ms"] is not None:
+                r["products_gb_per_s"] = round((parts["weights"] + parts["projection"]) / max(r["products_ms"], 1e-3) / 1e6, 1)
+                r["attention_gb_per_s"] = round((parts["cross_kv"] + parts["self_kv"]) / max(r["attention_ms"], 1e-3) / 1e6, 1)
             print(json.dumps(r), flush=True)
     print()
-    print("| compute type | rows | ms per pass | of the first row count's | ATen ops | products / attention / other ms (profiler's shares) | MB read "
-          "| GB/s here | products, attention GB/s | floor ms | x floor |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in sorted(results, key=lambda r: (types.index(r["compute_type"]), r["rows"])):
-        split = f"{r['products_ms']} / {r['attention_ms']} / {r['other_ms']}"
-        print(f"| {r['compute_type']} | {r['rows']} | {r['ms']} | {r['of_one_row']} | {r['aten_ops']} | {split} | {r['mb']} | {r['gb_per_s']} | "
-              f"{r['products_gb_per_s']}, {r['attention_gb_per_s']} | {r['floor_ms']} | {r['x_floor']} |")
+    print("| compute type | layers | rows | ms per pass | of the first row count's | ATen ops "
+          "| products / attention / other ms (profiler's shares) | MB read | GB/s here | products, attention GB/s "
+          "| floor ms | x floor |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in sorted(results, key=lambda r: (types.index(r["compute_type"]), r["layers"], r["rows"])):
+        one_call = r["products_ms"] is None
+        split = "(one call)" if one_call else f"{r['products_ms']} / {r['attention_ms']} / {r['other_ms']}"
+        rates = "" if one_call else f"{r['products_gb_per_s']}, {r['attention_gb_per_s']}"
+        print(f"| {r['compute_type']} | {r['layers']} | {r['rows']} | {r['ms']} | {r['of_one_row']} | {r['aten_ops']} "
+              f"| {split} | {r['mb']} | {r['gb_per_s']} | {rates} | {r['floor_ms']} | {r['x_floor']} |")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"machine": machine, "model": args.model, "threads": args.threads,

@@ -1,7 +1,8 @@
-"""The package's own row-invariant products (rows.cpp), compiled once when the package is set up.
+"""The package's own row-invariant products (rows.cpp), and a decoder pass's layers in one call on
+them (decoder.cpp, used by ``step.native_decoder``), compiled once when the package is set up.
 
-``python -m medusa_whisper.step.native`` (``make setup`` runs it) compiles rows.cpp against the
-installed PyTorch into ``kernels_dir()``, under a name that holds the source's digest and the
+``python -m medusa_whisper.step.native`` (``make setup`` runs it) compiles them against the
+installed PyTorch into ``kernels_dir()``, under a name that holds the sources' digest and the
 versions it was built for. ``kernels()`` loads that build and never compiles: a transcription does
 not wait for a compiler, and where none was there at set-up the package runs on PyTorch's own
 kernels (``available()`` is False and the kernel choices do not offer these).
@@ -28,10 +29,12 @@ from typing import Optional
 import torch
 
 from ...paths import cache_dir
+from ..int8_kernels import Prepared
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("rows.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("rows.cpp", "decoder.cpp")]
+HEADERS = [Path(__file__).with_name("rows.h")]
 KERNELS_ENV = "MEDUSA_WHISPER_KERNELS"  # where built kernels live; default: <cache>/kernels
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]  # OpenMP: at::parallel_for's threads are PyTorch's own
 
@@ -42,8 +45,9 @@ def kernels_dir() -> Path:
 
 
 def build_name() -> str:
-    """The module's name: the source and flags, PyTorch's and Python's versions, the machine."""
-    key = "|".join([SOURCE.read_text(), " ".join(FLAGS), torch.__version__, sys.version, platform.machine()])
+    """The module's name: the sources and flags, PyTorch's and Python's versions, the machine."""
+    texts = [path.read_text() for path in SOURCES + HEADERS]
+    key = "|".join([*texts, " ".join(FLAGS), torch.__version__, sys.version, platform.machine()])
     return "medusa_whisper_rows_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -98,6 +102,16 @@ def runs_float(linear: torch.nn.Module) -> bool:
             and weight.device.type == "cpu" and available())
 
 
+def float_form(linear: torch.nn.Linear) -> torch.Tensor:
+    """``pack_float``'s form of a float32 linear's weight, made on first use and kept on the layer
+    (made again when its weight is replaced or moved)."""
+    forms = linear.__dict__.get("_native_forms")
+    if forms is None:
+        forms = linear._native_forms = Prepared()
+    weight = linear.weight
+    return forms.get("float", lambda: pack_float(weight), weight, weight.data_ptr())
+
+
 def float_rows(rows: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], n: int) -> torch.Tensor:
     """rows (m, k) @ W.T + bias in float32, each output one fused multiply-add chain over k in order:
     a row's bits are its own whatever the rows beside it, the threads or the instruction set."""
@@ -124,7 +138,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_head: int,
 
 
 def build(verbose: bool = False) -> ModuleType:
-    """Compile rows.cpp into ``kernels_dir()`` (a minute on 2 cores; nothing when already built)."""
+    """Compile rows.cpp and decoder.cpp into ``kernels_dir()`` (a minute on 2 cores; nothing when already built)."""
     from torch.utils import cpp_extension
 
     name = build_name()
@@ -132,7 +146,7 @@ def build(verbose: bool = False) -> ModuleType:
     folder.mkdir(parents=True, exist_ok=True)
     # PyTorch builds with ninja, found on PATH: the one pip put beside this Python counts too
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    module = cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(folder),
+    module = cpp_extension.load(name=name, sources=[str(path) for path in SOURCES], build_directory=str(folder),
                                 extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=verbose)
     kernels.cache_clear()
     for old in kernels_dir().glob("medusa_whisper_rows_*"):  # builds of other sources or PyTorch versions

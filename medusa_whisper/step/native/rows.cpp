@@ -12,7 +12,8 @@
 // Weights are packed once (pack_int8, pack_float) into groups of GROUP output channels, padded with
 // zeros: int8 as [group][k / 4][GROUP][4] (one 64-byte vector holds 16 channels x 4 k), float32 as
 // [group][k][GROUP]. Built with -ffp-contract=off: no multiply and add may be fused behind our back.
-#include <torch/extension.h>
+#include "rows.h"
+
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -390,6 +391,18 @@ std::vector<torch::Tensor> pack_int8(const torch::Tensor& qweight) {
   return {packed, colsum};
 }
 
+void rows::int8_product(const float* x, int64_t m, int64_t k, const int8_t* packed, const int32_t* colsum,
+                        int64_t groups, int64_t k_words, const float* weight_scale, const float* bias, int64_t n,
+                        float* y) {
+  std::vector<int32_t> words(m * k_words);
+  std::vector<float> scales(m);
+  for (int64_t r = 0; r < m; ++r) scales[r] = quantise_row(x + r * k, k, k_words, words.data() + r * k_words);
+  const Int8Job job{packed, colsum, weight_scale, bias, words.data(), scales.data(), y, m, n, k_words};
+  at::parallel_for(0, groups, grain(k_words * GROUP * 4), [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) int8_group(job, g);
+  });
+}
+
 // rows (m, k) float32 -> (m, n) float32: each row quantised to int8 with its own scale, times the
 // packed int8 weight, times each channel's scale, plus the bias (an undefined tensor: none).
 torch::Tensor int8_rows(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& colsum,
@@ -402,15 +415,9 @@ torch::Tensor int8_rows(const torch::Tensor& x, const torch::Tensor& packed, con
   TORCH_CHECK(weight_scale.scalar_type() == torch::kFloat && weight_scale.numel() == n && weight_scale.is_contiguous());
   const int64_t rows = x.size(0), k = x.size(1);
   auto y = torch::empty({rows, n}, torch::kFloat);
-  std::vector<int32_t> words(rows * k_words);
-  std::vector<float> scales(rows);
-  for (int64_t r = 0; r < rows; ++r) scales[r] = quantise_row(x.data_ptr<float>() + r * k, k, k_words, words.data() + r * k_words);
-  const Int8Job job{packed.data_ptr<int8_t>(), colsum.data_ptr<int32_t>(), weight_scale.data_ptr<float>(),
-                    bias && bias->defined() ? bias->data_ptr<float>() : nullptr, words.data(), scales.data(),
-                    y.data_ptr<float>(), rows, n, k_words};
-  at::parallel_for(0, groups, grain(k_words * GROUP * 4), [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) int8_group(job, g);
-  });
+  rows::int8_product(x.data_ptr<float>(), rows, k, packed.data_ptr<int8_t>(), colsum.data_ptr<int32_t>(), groups, k_words,
+                     weight_scale.data_ptr<float>(), bias && bias->defined() ? bias->data_ptr<float>() : nullptr, n,
+                     y.data_ptr<float>());
   return y;
 }
 
@@ -423,18 +430,23 @@ torch::Tensor pack_float(const torch::Tensor& weight) {
   return padded.view({groups, GROUP, k}).transpose(1, 2).contiguous();
 }
 
+void rows::float_product(const float* x, int64_t m, int64_t k, const float* packed, int64_t groups,
+                         const float* bias, int64_t n, float* y) {
+  const FloatJob job{packed, bias, x, y, m, n, k};
+  at::parallel_for(0, groups, grain(k * GROUP * 4), [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) float_group(job, g);
+  });
+}
+
 torch::Tensor float_rows(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
                          int64_t n) {
   TORCH_CHECK(packed.scalar_type() == torch::kFloat && packed.dim() == 3 && packed.size(2) == GROUP &&
               packed.size(0) * GROUP >= n, "float_rows: weights not packed by pack_float");
   check_rows(x, packed.size(1), "float_rows");
-  const int64_t rows = x.size(0), k = x.size(1), groups = packed.size(0);
+  const int64_t rows = x.size(0), k = x.size(1);
   auto y = torch::empty({rows, n}, torch::kFloat);
-  const FloatJob job{packed.data_ptr<float>(), bias && bias->defined() ? bias->data_ptr<float>() : nullptr,
-                     x.data_ptr<float>(), y.data_ptr<float>(), rows, n, k};
-  at::parallel_for(0, groups, grain(k * GROUP * 4), [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) float_group(job, g);
-  });
+  rows::float_product(x.data_ptr<float>(), rows, k, packed.data_ptr<float>(), packed.size(0),
+                      bias && bias->defined() ? bias->data_ptr<float>() : nullptr, n, y.data_ptr<float>());
   return y;
 }
 
@@ -451,35 +463,9 @@ torch::Tensor float_rows(const torch::Tensor& x, const torch::Tensor& packed, co
 //   heads: every path makes the same operations in the same order.
 namespace {
 
-constexpr int LANES = 16;
-
-inline float tree_sum(float* lanes) {  // lanes[0..16) summed pairwise, lanes overwritten
-  for (int width = LANES / 2; width >= 1; width /= 2)
-    for (int l = 0; l < width; ++l) lanes[l] = lanes[l] + lanes[l + width];
-  return lanes[0];
-}
-
-// e^x in float32 by Cephes' polynomial, lane by lane, the same bits on every path; 0 below -87.
-inline float exp_lane(float x) {
-  const bool zero = x < -87.0f;
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const float up = x * 1.44269504088896341f + 0.5f;  // floor(up) by truncation (|up| < 128): vectorises
-  const float cut = static_cast<float>(static_cast<int32_t>(up));
-  const float n = cut > up ? cut - 1.0f : cut;
-  x = x - n * 0.693359375f;
-  x = x - n * -2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * x + 1.3981999507e-3f;
-  y = y * x + 8.3334519073e-3f;
-  y = y * x + 4.1665795894e-2f;
-  y = y * x + 1.6666665459e-1f;
-  y = y * x + 5.0000001201e-1f;
-  y = y * (x * x) + x + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return zero ? 0.0f : y * scale;
-}
+using rows::LANES;
+using rows::exp_lane;
+using rows::tree_sum;
 
 // One row's scores over its keys (masked: -inf; padded to ``padded`` slots, a multiple of 16) made
 // its softmax's numerators in place. Compiled for each instruction set: the same operations lane by
@@ -509,22 +495,7 @@ __attribute__((target("avx512f"))) void softmax_row_avx512(float* s, int64_t n_k
     __m512 x = _mm512_sub_ps(score, most);
     const __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ) |
                            _mm512_cmp_ps_mask(score, minus_inf, _CMP_EQ_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 up = _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _mm512_set1_ps(0.5f));
-    const __m512 cut = _mm512_cvtepi32_ps(_mm512_cvttps_epi32(up));
-    const __m512 n = _mm512_mask_sub_ps(cut, _mm512_cmp_ps_mask(cut, up, _CMP_GT_OQ), cut, _mm512_set1_ps(1.0f));
-    x = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
-    x = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(y, _mm512_mul_ps(x, x)), x), _mm512_set1_ps(1.0f));
-    const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
-    _mm512_storeu_ps(s + j, _mm512_maskz_mul_ps(static_cast<__mmask16>(~zero), y, scale));
+    _mm512_storeu_ps(s + j, rows::exp16(x, zero));
   }
 }
 
@@ -748,9 +719,16 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
     mask_batch = mask_c.size(0);
   }
   auto out = torch::empty({batch, rows, n_head * d}, torch::kFloat);
-  const AttendJob job{q.data_ptr<float>(), k.data_ptr(), v.data_ptr(), mask, out.data_ptr<float>(), batch, rows, n_head, d,
-                      n_key, k.stride(0), k.stride(1), v.stride(0), v.stride(1), mask_batch, static_cast<float>(q_scale)};
-  const bool bf16 = k.scalar_type() == torch::kBFloat16;
+  rows::attend_product(q.data_ptr<float>(), batch, rows, n_head, d, k.data_ptr(), v.data_ptr(),
+                       k.scalar_type() == torch::kBFloat16, k.stride(0), k.stride(1), v.stride(0), v.stride(1), n_key,
+                       mask, mask_batch, static_cast<float>(q_scale), out.data_ptr<float>());
+  return out;
+}
+
+void rows::attend_product(const float* q, int64_t batch, int64_t rows, int64_t n_head, int64_t d, const void* k,
+                          const void* v, bool bf16, int64_t kb, int64_t kh, int64_t vb, int64_t vh, int64_t n_key,
+                          const bool* mask, int64_t mask_batch, float q_scale, float* out) {
+  const AttendJob job{q, k, v, mask, out, batch, rows, n_head, d, n_key, kb, kh, vb, vh, mask_batch, q_scale};
   const int64_t padded = ceil_div(n_key + 1, LANES) * LANES;
   at::parallel_for(0, batch * n_head, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(rows * padded), kv(d), acc(rows * d);
@@ -761,7 +739,6 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
         attend_head<float>(job, task / n_head, task % n_head, scores.data(), kv.data(), acc.data());
     }
   });
-  return out;
 }
 
 // The instruction sets this CPU runs, best last, and the one in use; set_isa picks another (tests).
@@ -773,6 +750,8 @@ std::vector<std::string> isas() {
 }
 
 std::string isa() { return isas()[isa_in_use()]; }
+
+int rows::isa_in_use() { return ::isa_in_use(); }
 
 void set_isa(const std::string& name) {
   const auto found = isas();
@@ -790,4 +769,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isas", &isas);
   m.def("isa", &isa);
   m.def("set_isa", &set_isa);
+  rows::bind_decoder(m);
 }
