@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -9,11 +11,14 @@ DATA = Path(__file__).parent / "data"
 CLIPS = sorted(DATA.glob("*.flac"))
 
 # The row kernels `make setup` built stay where it built them; converted weights go to a cache of the
-# test session's own, never the user's ~/.cache.
+# test session's own, never the user's ~/.cache, removed when the session ends (a session converts
+# 0.2-1.7 GB of weights there).
 from medusa_whisper.step import native  # noqa: E402
 
 os.environ.setdefault(native.KERNELS_ENV, str(native.kernels_dir()))
-os.environ.setdefault("MEDUSA_WHISPER_CACHE", tempfile.mkdtemp(prefix="medusa_whisper_test_cache_"))
+if "MEDUSA_WHISPER_CACHE" not in os.environ:
+    os.environ["MEDUSA_WHISPER_CACHE"] = tempfile.mkdtemp(prefix="medusa_whisper_test_cache_")
+    atexit.register(shutil.rmtree, os.environ["MEDUSA_WHISPER_CACHE"], ignore_errors=True)
 
 # Results must not depend on how many threads the machine gives; fixed and small, as CI has 2 cores.
 torch.set_num_threads(int(os.environ.get("MEDUSA_TEST_THREADS", "2")))

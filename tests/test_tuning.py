@@ -298,15 +298,16 @@ def _job(costs, short=None):
 def test_the_proposer_is_plain_unless_one_is_a_tie_faster_and_slower_at_no_length():
     assert tuning.choose_proposer("tiny.en", _job({"tiny.en": 1.0, "tiny.en-ctc": 0.9, "tiny.en-eagle": 0.8})) \
         == "tiny.en-eagle"
-    # 3 % faster: not worth its heads, plain decoding kept
+    # 3 % and 8 % faster: within what a window's timing varies, not worth its heads, plain decoding kept
     assert tuning.choose_proposer("tiny.en", _job({"tiny.en": 1.0, "tiny.en-medusa": 0.97})) == "tiny.en"
+    assert tuning.choose_proposer("tiny.en", _job({"tiny.en": 1.0, "tiny.en-medusa": 0.92})) == "tiny.en"
     assert tuning.choose_proposer("base", _job({"base": 1.0, "base-ctc": 1.4})) == "base"
     # as measured on the AVX2 EPYC of family 23 (seconds, 4.6-s and 23-s windows): the CTC head is 9 %
     # faster on the long window and 4.5 % slower on the short one, so not taken; eagle is
     plain, ctc, eagle = {"tiny.en@4.6": 1.176, "tiny.en@23": 2.868}, {"tiny.en-ctc@4.6": 1.229, "tiny.en-ctc@23": 2.610}, \
         {"tiny.en-eagle@4.6": 1.149, "tiny.en-eagle@23": 2.802}
     assert tuning.choose_proposer("tiny.en", {**plain, **ctc}) == "tiny.en"
-    assert tuning.choose_proposer("tiny.en", {**plain, **ctc, **dict(eagle, **{"tiny.en-eagle@23": 2.6})}) \
+    assert tuning.choose_proposer("tiny.en", {**plain, **ctc, **dict(eagle, **{"tiny.en-eagle@23": 2.4})}) \
         == "tiny.en-eagle"
     assert tuning.choose_proposer("tiny.en", {**plain, **ctc, **eagle}) == "tiny.en"  # 2.4 %: within the tie
     assert tuning.auto_base("tiny.en-auto") == "tiny.en" and tuning.auto_base("large-v3-auto") == "large-v3"
