@@ -132,3 +132,42 @@ def test_a_prompt_and_a_model_off_the_kernels_take_the_layers_one_by_one(native_
     assert NativeDecoder.of(model, torch.float32) is not None
     monkeypatch.setattr(native, "available", lambda: False)
     assert NativeDecoder.of(model, torch.float32) is None
+
+
+@pytest.mark.parametrize("compute_type", ["int8", "float32"])
+def test_weights_loaded_after_the_call_was_made_are_the_ones_multiplied(compute_type, native_int8_rows):
+    model = model_of(compute_type)
+    features = audio(model)
+    with torch.no_grad():
+        step = prompted(model, features)
+        before = feed(step, [262], len(PROMPT))
+        state = model.state_dict()
+        generator = torch.Generator().manual_seed(3)
+        for name, tensor in state.items():  # every decoder weight changed, in place, as a checkpoint loads
+            if name.startswith("decoder.blocks.") and tensor.dtype in (torch.int8, torch.float32):
+                noise = torch.randint(-3, 4, tensor.shape, generator=generator)
+                state[name] = (tensor + noise).clamp(-127, 127) if tensor.dtype == torch.int8 else tensor * 1.1
+        model.load_state_dict(state)
+        step.set_audio(features)  # the window again: its cross-attention and prompt by the new weights
+        with rows_together():
+            feed(step, PROMPT, 0)
+        after = feed(step, [262], len(PROMPT))
+        fresh = feed(prompted(model, features), [262], len(PROMPT))
+    assert not torch.equal(before, after)
+    assert torch.equal(after, fresh)
+
+
+def test_a_model_that_decoded_on_the_one_call_still_pickles_and_copies(native_int8_rows):
+    import copy
+    import pickle
+
+    model = model_of("int8")
+    step = prompted(model, audio(model))
+    assert step.products.native is not None
+    copied = copy.deepcopy(model)
+    again = pickle.loads(pickle.dumps(model))
+    for other in (copied, again):  # their hooks do nothing; a load into them leaves this call as it was
+        other.load_state_dict(model.state_dict())
+    assert not step.products.native._stale
+    model.load_state_dict(model.state_dict())
+    assert step.products.native._stale

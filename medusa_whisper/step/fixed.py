@@ -460,7 +460,9 @@ class FixedStep:
         allowed, index, read = pass_plan(self.products, allowed, slots, end, self.n_head,
                                          self.n_state // self.n_head, self.n_ctx)
         if self.products.native is not None and not together():
-            return self.products.native(x, keys, values, cross_keys, cross_values, allowed, slots, allowed.shape[-1])
+            states = self.products.native(x, keys, values, cross_keys, cross_values, allowed, slots, allowed.shape[-1])
+            if states is not None:
+                return states
         for i, layer in enumerate(self.layers):
             x = layer_forward(layer, x, keys[i], values[i], cross_keys[i], cross_values[i], allowed, index,
                               self.n_head, self.products.attention, read)

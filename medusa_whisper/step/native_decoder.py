@@ -16,6 +16,7 @@ path, whose products for many rows are other kernels (``together.py``).
 
 from __future__ import annotations
 
+import weakref
 from typing import List, Optional, Sequence
 
 import torch
@@ -50,12 +51,42 @@ def _norm(ln: nn.Module) -> Optional[List[Tensor]]:
     return [ln.weight.detach(), ln.bias.detach()]
 
 
+class _MarkStale:
+    """A load_state_dict hook that marks a ``NativeDecoder`` stale, holding it weakly; a model that
+    carries it still pickles and copies (as a hook that does nothing: the copy has no such call)."""
+
+    def __init__(self, target: "NativeDecoder"):
+        self._target = weakref.ref(target)
+
+    def __call__(self, module: nn.Module, incompatible_keys) -> None:
+        target = self._target() if self._target is not None else None
+        if target is not None:
+            target._stale = True
+
+    def __reduce__(self):
+        return _inert_hook, ()
+
+
+def _inert_hook() -> "_MarkStale":
+    hook = _MarkStale.__new__(_MarkStale)
+    hook._target = None
+    return hook
+
+
 class NativeDecoder:
     """The decoder's blocks and final norm of ``model`` as one native call (the module's docstring)."""
 
-    def __init__(self, kernel, model: nn.Module):
+    def __init__(self, kernel, model: nn.Module, residual: torch.dtype):
         self._kernel = kernel
-        self._model = model  # its packed forms live on its layers, which must live as long
+        self._model, self._residual = model, residual  # its packed forms live on its layers
+        # weights loaded into the model after this was made are packed again before the next pass,
+        # not multiplied in their old form (checking every form a pass would cost 0.2-0.3 ms)
+        self._stale = False
+        # on the decoder: its own load_state_dict and the whole model's run it
+        self._hook = model.decoder.register_load_state_dict_post_hook(_MarkStale(self))
+
+    def __del__(self):
+        self._hook.remove()
 
     @classmethod
     def of(cls, model: nn.Module, residual: torch.dtype) -> Optional["NativeDecoder"]:
@@ -91,7 +122,7 @@ class NativeDecoder:
         if final is None:
             return None
         eps.append(decoder.ln.eps)
-        return cls(native.kernels().Decoder(n_head, n_state, norms, linears, final, eps), model)
+        return cls(native.kernels().Decoder(n_head, n_state, norms, linears, final, eps), model, residual)
 
     def __call__(self, x: Tensor, keys: Tensor, values: Tensor, cross_keys: Sequence[Tensor],
                  cross_values: Sequence[Tensor], allowed: Optional[Tensor], slots: Tensor, read: int) -> Tensor:
@@ -102,6 +133,13 @@ class NativeDecoder:
         cross_keys, cross_values : per layer, (audios, n_head, n_audio_ctx, d_head)
         allowed                  : (1 or batch, rows, read) bool, where each row attends among the
                                    first ``read`` slots
+        returns                  : (batch, rows, n_state), or None where the model's layers no
+                                   longer run on the package's kernels (the step calls them then)
         """
+        if self._stale:  # new weights: packed again, or the layers one by one where they no longer run here
+            made = NativeDecoder.of(self._model, self._residual)
+            if made is None:
+                return None
+            self._kernel, self._stale = made._kernel, False
         return self._kernel.forward(x.float().contiguous(), keys, values, list(cross_keys), list(cross_values),
                                     allowed, slots, read)

@@ -104,12 +104,17 @@ def runs_float(linear: torch.nn.Module) -> bool:
 
 def float_form(linear: torch.nn.Linear) -> torch.Tensor:
     """``pack_float``'s form of a float32 linear's weight, made on first use and kept on the layer
-    (made again when its weight is replaced or moved)."""
+    (made again when its weight is replaced, moved or changed in place, as a checkpoint loads)."""
     forms = linear.__dict__.get("_native_forms")
     if forms is None:
         forms = linear._native_forms = Prepared()
     weight = linear.weight
-    return forms.get("float", lambda: pack_float(weight), weight, weight.data_ptr())
+    return forms.get("float", lambda: pack_float(weight), weight, weight.data_ptr(), _version(weight))
+
+
+def _version(tensor: torch.Tensor) -> int:
+    """How often ``tensor`` was changed in place (an inference tensor keeps no count: 0)."""
+    return 0 if tensor.is_inference() else tensor._version
 
 
 def float_rows(rows: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor], n: int) -> torch.Tensor:
