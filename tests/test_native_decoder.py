@@ -45,8 +45,9 @@ def audio(model, seed=0):
     return torch.randn(1, model.dims.n_audio_ctx, model.dims.n_audio_state, generator=generator)
 
 
-def prompted(model, features, n=len(PROMPT)):
-    step = cpu_step(model)
+def prompted(model, features, n=len(PROMPT), step=None):
+    """A step (``model``'s new one, or ``step``) over the window ``features`` after n tokens of PROMPT."""
+    step = step or cpu_step(model)
     step.set_audio(features)
     with rows_together():
         feed(step, PROMPT[:n], 0)
@@ -163,9 +164,7 @@ def test_weights_loaded_after_the_call_was_made_are_the_ones_multiplied(compute_
                 noise = torch.randint(-3, 4, tensor.shape, generator=generator)
                 state[name] = (tensor + noise).clamp(-127, 127) if tensor.dtype == torch.int8 else tensor * 1.1
         model.load_state_dict(state)
-        step.set_audio(features)  # the window again: its cross-attention and prompt by the new weights
-        with rows_together():
-            feed(step, PROMPT, 0)
+        prompted(model, features, step=step)  # the window again: cross-attention and prompt by the new weights
         after = feed(step, [262], len(PROMPT))
         fresh = feed(prompted(model, features), [262], len(PROMPT))
     assert not torch.equal(before, after)

@@ -13,7 +13,7 @@
 
 namespace {
 
-constexpr int64_t GROUP = 64;  // rows.cpp's packed groups of output channels
+using rows::GROUP;
 
 // A linear layer as rows.cpp packed it: int8 (packed, column sums, scales, bias) or float32 (packed,
 // bias). A bias of no elements is none.
@@ -274,6 +274,15 @@ class Decoder {
       mask = mask_c.data_ptr<bool>();
       mask_batch = mask_c.size(0);
     }
+    for (int64_t l = 0; l < n_layer; ++l) {
+      const auto& ck = cross_keys[l];
+      const auto& cv = cross_values[l];
+      TORCH_CHECK(ck.dim() == 4 && ck.sizes() == cv.sizes() && ck.scalar_type() == cv.scalar_type() &&
+                      (ck.scalar_type() == torch::kFloat || ck.scalar_type() == torch::kBFloat16) &&
+                      ck.size(1) == n_head_ && ck.size(3) == d && ck.stride(3) == 1 && ck.stride(2) == d &&
+                      cv.stride(3) == 1 && cv.stride(2) == d && ck.size(0) > 0 && batch % ck.size(0) == 0,
+                  "Decoder: cross keys and values (audios, n_head, n_audio, d), each key's values contiguous");
+    }
     const bool bf16 = keys.scalar_type() == torch::kBFloat16;
     const float q_scale = 1.0f / std::sqrt(static_cast<float>(d));
 
@@ -311,11 +320,6 @@ class Decoder {
       layer.cross_query(h.data(), m, q.data());
       const auto& ck = cross_keys[l];
       const auto& cv = cross_values[l];
-      TORCH_CHECK(ck.dim() == 4 && ck.sizes() == cv.sizes() && ck.scalar_type() == cv.scalar_type() &&
-                      (ck.scalar_type() == torch::kFloat || ck.scalar_type() == torch::kBFloat16) &&
-                      ck.size(1) == n_head_ && ck.size(3) == d && ck.stride(3) == 1 && ck.stride(2) == d &&
-                      cv.stride(3) == 1 && cv.stride(2) == d && ck.size(0) > 0 && batch % ck.size(0) == 0,
-                  "Decoder: cross keys and values (audios, n_head, n_audio, d), each key's values contiguous");
       const int64_t audios = ck.size(0);
       rows::attend_product(q.data(), audios, batch / audios * rows, n_head_, d, ck.data_ptr(), cv.data_ptr(),
                            ck.scalar_type() == torch::kBFloat16, ck.stride(0), ck.stride(1), cv.stride(0),
@@ -347,16 +351,18 @@ class Decoder {
   void write(const torch::Tensor& cache, int64_t l, const float* src, int64_t batch, int64_t rows,
              const int64_t* slots, int64_t d) const {
     const int64_t n = n_state_;
+    const bool bf16 = cache.scalar_type() == torch::kBFloat16;
+    c10::BFloat16* const halves = bf16 ? cache.data_ptr<c10::BFloat16>() : nullptr;
+    float* const floats = bf16 ? nullptr : cache.data_ptr<float>();
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t h = 0; h < n_head_; ++h) {
           const int64_t offset = l * cache.stride(0) + b * cache.stride(1) + h * cache.stride(2) + slots[b * rows + r] * d;
           const float* from = src + (b * rows + r) * n + h * d;
-          if (cache.scalar_type() == torch::kBFloat16) {
-            c10::BFloat16* to = cache.data_ptr<c10::BFloat16>() + offset;
-            for (int64_t i = 0; i < d; ++i) to[i] = c10::BFloat16(from[i]);  // rounded to nearest even, as .to()
+          if (bf16) {
+            for (int64_t i = 0; i < d; ++i) halves[offset + i] = c10::BFloat16(from[i]);  // nearest even, as .to()
           } else {
-            std::memcpy(cache.data_ptr<float>() + offset, from, d * sizeof(float));
+            std::memcpy(floats + offset, from, d * sizeof(float));
           }
         }
   }

@@ -26,7 +26,7 @@
 
 namespace {
 
-constexpr int64_t GROUP = 64;   // output channels per packed group: 4 vectors of 16 lanes
+using rows::GROUP;
 constexpr int LEVELS = 127;     // int8 activation levels either side of zero
 // Weights are streamed once per tile of rows, and with several rows the loads of one k step wait
 // behind its products: asking for the lines this far ahead keeps the memory busy meanwhile

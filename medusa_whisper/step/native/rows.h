@@ -14,6 +14,7 @@
 namespace rows {
 
 constexpr int LANES = 16;
+constexpr int64_t GROUP = 64;  // output channels per packed group: 4 vectors of 16 lanes
 
 // y (m, n) = x (m, k) @ W.T * scale + bias for pack_int8's weights, each row quantised alone.
 void int8_product(const float* x, int64_t m, int64_t k, const int8_t* packed, const int32_t* colsum, int64_t groups,
